@@ -1,0 +1,1101 @@
+"""The clinical-trial recruitment simulator: a Gymnasium-style environment, bit-exact with the reference.
+
+One step is one simulated day. Each step runs, in order: curriculum relief, the day's calendar events,
+due delayed effects, the agent's action, backlog drain, natural dropout, uncertainty growth, milestones,
+derived-state refresh, plan follow-through and the shaped reward (:mod:`env.reward`). On the terminal step
+the task's grader (:mod:`env.graders`) turns the final observation and the history into ``final_score``.
+
+Reward: the reference's shaped per-step reward, rounded to 4 decimals (see :func:`env.reward.step_reward`).
+
+Invalid actions: a schema violation (unknown ``action_type``, wrong types, ``confidence`` outside [0, 1])
+raises ``ValueError`` naming the field and consumes nothing. A semantic failure (unknown patient, no
+budget, regulatory hold, ...) follows the reference: the day is consumed, the action has no effect (some
+still charge money, as in the reference), no extra penalty is given, and ``info["last_action_error"]``
+holds the error code.
+
+All randomness of a step comes from one ``random.Random`` (seeded by ``reset``) drawn in the reference's
+order: calendar ``choice`` calls, then the action's draws, then one natural-dropout draw per enrolled
+patient. ``snapshot()``/``restore()`` capture that RNG too, so a restored episode continues exactly.
+"""
+
+from __future__ import annotations
+
+import random
+from bisect import bisect_right, insort
+from typing import Any
+
+from env.graders import grade
+from env.models import PLAN_PHASES, validate_action
+from env.reward import HYPOTHESIS_WORLD, consistency_penalty, progress_bonus, step_reward, token_penalty
+from env.tasks import TaskSpec, get_task
+from env.world import World, get_world
+
+Observation = dict[str, Any]
+Info = dict[str, Any]
+
+DEFAULT_TOKEN_COST = {
+    "screen_patient": 18,
+    "recontact": 20,
+    "allocate_to_site": 22,
+    "adjust_strategy": 26,
+    "plan_next_phase": 55,
+    "summarize_and_index": 42,
+    "retrieve_relevant_history": 36,
+    "stop_recruitment": 12,
+}
+PHASE_SUMMARIES = {
+    "screening": "Screen high-priority patients to refill the funnel.",
+    "conversion": "Recontact eligible patients before their consent windows close.",
+    "allocation": "Allocate consented patients to the best available site.",
+    "retention": "Protect enrolled patients at risk of dropping out.",
+    "recovery": "Recover from holds and bottlenecks with a strategy change.",
+}
+PHASE_ACTION = {
+    "screening": "screen_patient",
+    "conversion": "recontact",
+    "allocation": "allocate_to_site",
+    "retention": "recontact",
+    "recovery": "adjust_strategy",
+}
+RECOVERY_STRATEGY_PREFIXES = ("tighten_criteria", "negotiate_site_", "focus_site_", "increase_outreach")
+MEMORY_TAGS = ("screening", "conversion", "allocation", "retention", "recovery", "site", "dropout", "milestone")
+MILESTONES = (("25pct", 0.25, 0.02), ("50pct", 0.5, 0.03), ("75pct", 0.75, 0.04), ("100pct", 1.0, 0.06))
+NO_PLAN_CHECK = frozenset({"plan_next_phase", "summarize_and_index", "retrieve_relevant_history", "stop_recruitment"})
+# A screened patient no longer counts as "available"; an unscreened one is never dropped or enrolled.
+_INF_INDEX = 1 << 30
+
+
+class EpisodeState:
+    """Everything that changes during an episode. Patients are stored as parallel lists (fast to copy)."""
+
+    __slots__ = (
+        "t", "done", "total_reward", "history", "budget", "U", "enrolled", "funnel", "backlog", "om", "cs",
+        "focused_site", "hyp_history", "switches", "last_hypothesis", "last_confidence", "milestones",
+        "constraints", "queue", "memory", "plan", "retrieved", "hindsight", "negotiation", "oversight",
+        "pareto", "tokens_used", "token_eff", "recent_dropouts", "will", "prio", "screened", "eligible",
+        "consented", "is_enrolled", "dropped", "site_assigned", "followup", "attempts", "available",
+        "active", "enrolled_set", "pressure", "dropped_count", "site_conv", "site_wait", "site_cap",
+        "potential", "summary", "active_milestone", "uncertainty_components", "hint", "followthroughs",
+        "memory_hits", "last_error",
+    )  # fmt: skip
+
+    def clone(self) -> EpisodeState:
+        new = EpisodeState.__new__(EpisodeState)
+        for name in _SCALARS:
+            setattr(new, name, getattr(self, name))
+        for name in _LISTS:
+            setattr(new, name, getattr(self, name)[:])
+        for name in _DICTS:
+            setattr(new, name, getattr(self, name).copy())
+        for name in _SETS:
+            setattr(new, name, set(getattr(self, name)))
+        new.negotiation = {k: v.copy() for k, v in self.negotiation.items()}
+        new.plan = None if self.plan is None else self.plan.copy()
+        return new
+
+
+# History entries, memory entries, queue items and the summary dict are never mutated after creation,
+# so shallow copies of their containers are enough for an exact snapshot.
+_LISTS = (
+    "history", "hyp_history", "queue", "oversight", "pareto", "recent_dropouts", "will", "prio", "screened",
+    "eligible", "consented", "is_enrolled", "dropped", "site_assigned", "followup", "attempts", "available",
+    "site_conv", "site_wait", "site_cap",
+)  # fmt: skip
+_DICTS = ("funnel", "milestones", "constraints", "memory", "uncertainty_components")
+_SETS = ("active", "enrolled_set", "pressure")
+_SCALARS = tuple(
+    n for n in EpisodeState.__slots__ if n not in _LISTS + _DICTS + _SETS + ("negotiation", "plan")
+)
+
+
+class EnvSnapshot:
+    """An opaque, reusable copy of an episode (state and step RNG). Restore it any number of times."""
+
+    __slots__ = ("task_id", "state", "rng_state")
+
+    def __init__(self, task_id: str, state: EpisodeState, rng_state: tuple) -> None:
+        self.task_id = task_id
+        self.state = state
+        self.rng_state = rng_state
+
+
+class ClinicalRecruitmentEnv:
+    """Adaptive clinical-trial recruitment, 180 simulated days (fewer for stage tasks).
+
+    Contract (Gymnasium-style):
+        ``obs, info = env.reset(seed=None, options=None)``: ``options={"task": id}`` switches task. The seed
+        only seeds the step RNG (``None`` means the task's default seed); the world is fixed per task.
+        ``obs, reward, terminated, truncated, info = env.step(action)``: ``action`` is a dict with the
+        reference's fields or an :class:`env.models.Action`. ``terminated`` when the agent stops, the budget
+        hits 0 or the target is reached; ``truncated`` when the step limit ends the episode. ``info`` has
+        ``step``, ``reward_breakdown``, ``last_action_error`` and, on the last step, ``hindsight_summary``,
+        ``final_score`` and ``grader_task``.
+        ``snap = env.snapshot()`` / ``env.restore(snap)`` copy and restore the whole episode, RNG included.
+        ``env.state()`` is the reference's ``State`` as a dict.
+
+    Args:
+        task: a task id from :data:`env.TASKS` or a stage id such as ``"hard_bench_stage_30"``.
+    """
+
+    def __init__(self, task: str = "easy_bench") -> None:
+        self._set_task(task)
+        self.rng = random.Random()
+        self.s: EpisodeState | None = None
+
+    # ------------------------------------------------------------------ public API
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[Observation, Info]:
+        if options and options.get("task") is not None:
+            self._set_task(options["task"])
+        task, world = self.task, self.world
+        self.seed = seed
+        self.rng = random.Random(task.default_seed if seed is None else seed)
+        s = EpisodeState.__new__(EpisodeState)
+        s.t, s.done, s.total_reward, s.history = 0, False, 0.0, []
+        s.budget, s.U, s.enrolled, s.backlog = task.budget, 0.0, 0, 0
+        s.funnel = {"contacted": 0, "screened": 0, "eligible": 0, "consented": 0, "enrolled": 0, "dropped": 0}
+        s.om, s.cs, s.focused_site = 1.0, 1.0, None
+        s.hyp_history, s.switches, s.last_hypothesis, s.last_confidence = [], 0, "unknown", 0.5
+        s.milestones = {"25pct": False, "50pct": False, "75pct": False, "100pct": False}
+        s.constraints = {
+            "regulatory_hold_days": 0,
+            "competitor_pressure": 0.0,
+            "sentiment_pressure": 0.0,
+            "protocol_version": 1,
+            "sponsor_pressure": False,
+            "backlog_pressure": False,
+            "site_bottleneck": False,
+            "focused_site": "",
+        }
+        s.queue, s.memory, s.plan, s.retrieved, s.hindsight = [], {}, None, "", None
+        s.negotiation = {site.site_id: {"offers_made": 0, "last_offer_step": None, "counteroffers": 0} for site in world.sites}
+        s.oversight, s.pareto = [], []
+        s.tokens_used, s.token_eff, s.recent_dropouts = 0, 1.0, []
+        n = world.n_patients
+        s.will = list(world.willingness)
+        elig, drisk = world.eligibility, world.dropout_risk
+        s.prio = [round(elig[i] * s.will[i] * (1 - drisk[i]), 3) for i in range(n)]
+        s.screened, s.eligible, s.consented = [False] * n, [False] * n, [False] * n
+        s.is_enrolled, s.dropped, s.site_assigned = [False] * n, [False] * n, [None] * n
+        s.followup, s.attempts = [None] * n, [0] * n
+        s.available = sorted((-s.prio[i], i) for i in range(n))
+        s.active, s.enrolled_set, s.pressure, s.dropped_count = set(), set(), set(), 0
+        s.site_conv = [site.conversion_rate for site in world.sites]
+        s.site_wait = [site.avg_wait_days for site in world.sites]
+        s.site_cap = [site.capacity_total for site in world.sites]
+        s.potential, s.followthroughs, s.memory_hits, s.last_error = 0.0, 0, 0, None
+        self.s = s
+        self._refresh()
+        return self._observation(), {"task": task.task_id, "difficulty": task.difficulty}
+
+    def step(self, action: Any) -> tuple[Observation, float, bool, bool, Info]:
+        s = self.s
+        if s is None:
+            raise RuntimeError("Call reset() before step().")
+        if s.done:
+            raise RuntimeError("Episode is done. Call reset() first.")
+        a = validate_action(action)
+        task, world = self.task, self.world
+        t = s.t
+        kind = a["action_type"]
+        potential_before = s.potential
+
+        hypothesis = a["hypothesis"] or "unknown"
+        if s.hyp_history and s.hyp_history[-1] != hypothesis:
+            s.switches += 1
+        s.hyp_history.append(hypothesis)
+        s.last_hypothesis, s.last_confidence = hypothesis, a["confidence"]
+
+        token_cost = max(0, int(a["token_cost"])) if a["token_cost"] is not None else DEFAULT_TOKEN_COST[kind]
+        s.tokens_used += token_cost
+
+        in_curriculum = any(start <= t <= start + dur for start, dur in task.curriculum)
+        if in_curriculum:
+            s.U = max(0.0, s.U - 0.15)
+
+        fx = _StepEffects()
+        for event in world.events.get(t, ()):
+            self._calendar_event(event, fx)
+        self._fire_due_effects(fx)
+
+        error = self._apply_action(a, fx)
+        s.last_error = error
+
+        s.backlog -= min(s.backlog, 2)
+        if s.enrolled_set:
+            threshold = task.dropout_base_rate + 0.05 * s.U
+            draw = self.rng.random
+            for i in sorted(s.enrolled_set):
+                if draw() < threshold * world.dropout_risk[i] * 0.1:
+                    self._drop_enrolled(i, fx)
+        s.U = min(1.0, s.U + task.uncertainty_growth + 0.01 * s.constraints["competitor_pressure"])
+
+        progress = s.enrolled / task.target
+        milestone_bonus = 0.0
+        for name, threshold, bonus in MILESTONES:
+            if progress >= threshold and not s.milestones[name]:
+                s.milestones[name] = True
+                milestone_bonus += bonus
+
+        self._refresh()
+        potential_delta = round(s.potential - potential_before, 4)
+
+        plan_followthrough = False
+        if s.plan is not None and kind not in NO_PLAN_CHECK:
+            phase = s.plan["target_phase"]
+            strategy = a["strategy_change"]
+            if phase == "recovery" and strategy:
+                plan_followthrough = strategy.startswith(RECOVERY_STRATEGY_PREFIXES)
+            else:
+                plan_followthrough = PHASE_ACTION[phase] == kind
+            if plan_followthrough:
+                fx.plan_bonus += 0.015
+                s.plan["last_followthrough_step"] = t
+            else:
+                fx.plan_bonus -= 0.005
+
+        hypothesis_correct = HYPOTHESIS_WORLD.get(hypothesis) == task.world_type
+        reward = step_reward(
+            screen_success=fx.screen_success,
+            enrolled_new=fx.enrolled,
+            dropout=fx.dropout,
+            budget=s.budget,
+            initial_budget=task.budget,
+            enrolled=s.enrolled,
+            target=task.target,
+            t=t,
+            max_steps=task.max_steps,
+            in_curriculum=in_curriculum,
+            uncertainty=s.U,
+            milestone_bonus=milestone_bonus,
+            action_type=kind,
+            plan_bonus=fx.plan_bonus,
+            memory_bonus=fx.memory_bonus,
+            potential_delta=potential_delta,
+            token_cost=token_cost,
+            token_efficiency=s.token_eff,
+            memory_hit=fx.memory_hit,
+            hypothesis_correct=hypothesis_correct,
+            switches=s.switches,
+            confidence=a["confidence"],
+        )
+        s.total_reward += reward
+        productive = fx.enrolled or fx.screen_success or fx.memory_hit
+        penalty = token_penalty(token_cost)
+        token_bonus = round(progress_bonus(s.token_eff) - penalty, 4) if productive else -round(penalty, 4)
+        rounded = round(reward, 4)
+        s.history.append(
+            {
+                "step": t,
+                "action": kind,
+                "patient_id": a["patient_id"],
+                "site_id": a["site_id"],
+                "strategy": a["strategy_change"],
+                "hypothesis": hypothesis,
+                "confidence": round(a["confidence"], 3),
+                "plan_id": a["plan_id"],
+                "plan_target_phase": a["target_phase"],
+                "memory_key": a["memory_key"],
+                "memory_query": a["memory_query"],
+                "enrolled": s.enrolled,
+                "budget": round(s.budget, 2),
+                "reward": rounded,
+                "dropout": fx.dropout,
+                "screen_success": fx.screen_success,
+                "curriculum": in_curriculum,
+                "milestone_bonus": round(milestone_bonus, 3),
+                "plan_bonus": round(fx.plan_bonus, 3),
+                "memory_bonus": round(fx.memory_bonus, 3),
+                "plan_followthrough": plan_followthrough,
+                "memory_hit": fx.memory_hit,
+                "token_cost": token_cost,
+                "token_bonus": token_bonus,
+                "token_efficiency_score": s.token_eff,
+                "milestone_potential": s.potential,
+                "milestone_potential_delta": potential_delta,
+                "active_milestone": s.active_milestone,
+                "delayed_effects_triggered": fx.delayed,
+                "error": error,
+            }
+        )
+        s.followthroughs += plan_followthrough
+        s.memory_hits += fx.memory_hit
+
+        c = s.constraints
+        if c["regulatory_hold_days"] > 0:
+            c["regulatory_hold_days"] -= 1
+        c["competitor_pressure"] = round(max(0.0, c["competitor_pressure"] - 0.01), 3)
+        c["sentiment_pressure"] = round(max(0.0, c["sentiment_pressure"] - 0.01), 3)
+
+        s.t = t + 1
+        stopped = fx.stopped
+        terminated = stopped or s.budget <= 0 or s.enrolled >= task.target
+        truncated = not terminated and s.t >= task.max_steps
+        s.done = terminated or truncated
+        self._refresh()
+        if s.done:
+            s.hindsight = self._hindsight()
+        obs = self._observation()
+        breakdown = {
+            "total": rounded,
+            "screen_success": fx.screen_success,
+            "enrolled_new": fx.enrolled,
+            "dropout": fx.dropout,
+            "in_curriculum": in_curriculum,
+            "milestone_bonus": round(milestone_bonus, 3),
+            "plan_bonus": round(fx.plan_bonus, 3),
+            "memory_bonus": round(fx.memory_bonus, 3),
+            "token_cost": token_cost,
+            "token_bonus": token_bonus,
+            "milestone_potential_delta": potential_delta,
+            "delayed_effects_triggered": fx.delayed,
+        }
+        info: Info = {"step": s.t, "reward_breakdown": breakdown, "last_action_error": error}
+        if s.done:
+            info["hindsight_summary"] = dict(s.hindsight)
+            info["final_score"] = max(0.001, min(0.999, grade(task.base_task, obs, s.history)))
+            info["grader_task"] = task.base_task
+        return obs, rounded, terminated, truncated, info
+
+    def snapshot(self) -> EnvSnapshot:
+        """A copy of the whole episode (state and step RNG) that :meth:`restore` can return to."""
+        if self.s is None:
+            raise RuntimeError("Call reset() before snapshot().")
+        return EnvSnapshot(self.task.task_id, self.s.clone(), self.rng.getstate())
+
+    def restore(self, snap: EnvSnapshot) -> None:
+        """Return to ``snap`` (taken from any environment of the same code); the snapshot stays reusable."""
+        if not isinstance(snap, EnvSnapshot):
+            raise TypeError(f"restore() takes an EnvSnapshot, got {type(snap).__name__}")
+        if snap.task_id != self.task.task_id:
+            self._set_task(snap.task_id)
+        self.s = snap.state.clone()
+        self.rng.setstate(snap.rng_state)
+
+    @property
+    def done(self) -> bool:
+        return self.s is not None and self.s.done
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """The per-step history entries the graders read (do not mutate)."""
+        return self.s.history if self.s is not None else []
+
+    def state(self) -> dict[str, Any]:
+        """The reference's ``State`` model as a dict (history limited to the last 10 entries)."""
+        s, task = self._require_state(), self.task
+        return {
+            "task": task.task_id,
+            "step": s.t,
+            "max_steps": task.max_steps,
+            "time_to_deadline_days": max(0, task.max_steps - s.t),
+            "done": s.done,
+            "enrolled_so_far": s.enrolled,
+            "target_enrollment": task.target,
+            "initial_budget": round(task.budget, 2),
+            "budget_remaining": round(s.budget, 2),
+            "total_reward": round(s.total_reward, 4),
+            "history": [dict(h) for h in s.history[-10:]],
+            "milestones": dict(s.milestones),
+            "active_constraints": dict(s.constraints),
+            "delayed_effects_pending": len(s.queue),
+            "uncertainty_components": dict(s.uncertainty_components),
+            "current_plan": self._plan_view(),
+            "indexed_memory_summary": self._memory_summary(),
+            "retrieved_memory_context": s.retrieved,
+            "milestone_potential": s.potential,
+            "active_milestone": s.active_milestone,
+            "hindsight_summary": dict(s.hindsight) if s.hindsight else {},
+            "token_budget_remaining": max(0, task.token_budget - s.tokens_used),
+            "token_usage_so_far": s.tokens_used,
+            "token_efficiency_score": s.token_eff,
+        }
+
+    def final_score(self) -> float | None:
+        """The grader's score once the episode is over, else ``None``."""
+        s = self._require_state()
+        if not s.done:
+            return None
+        return grade(self.task.base_task, self._observation(), s.history)
+
+    # ------------------------------------------------------------------ internals
+    def _set_task(self, task_id: str) -> None:
+        self.task: TaskSpec = get_task(task_id)
+        self.world: World = get_world(self.task.task_id)
+        self.site_ids = [site.site_id for site in self.world.sites]
+        self.site_index = {sid: k for k, sid in enumerate(self.site_ids)}
+        self.patient_index = {pid: i for i, pid in enumerate(self.world.patient_ids)}
+        self.s = None
+
+    def _require_state(self) -> EpisodeState:
+        if self.s is None:
+            raise RuntimeError("Call reset() first.")
+        return self.s
+
+    def _schedule(self, kind: str, delay: int, arg: Any = None) -> None:
+        self.s.queue.append((self.s.t + max(1, delay), kind, arg))
+
+    def _set_willingness(self, i: int, value: float) -> None:
+        s, world = self.s, self.world
+        old_key = (-s.prio[i], i)
+        s.will[i] = value
+        s.prio[i] = round(world.eligibility[i] * value * (1 - world.dropout_risk[i]), 3)
+        if not s.screened[i]:
+            pos = bisect_right(s.available, old_key) - 1
+            del s.available[pos]
+            insort(s.available, (-s.prio[i], i))
+
+    def _drop_enrolled(self, i: int, fx: _StepEffects) -> None:
+        """An enrolled patient drops out (calendar event or natural dropout); logged for the 7-day rate."""
+        s = self.s
+        s.dropped[i] = True
+        s.is_enrolled[i] = False
+        s.enrolled_set.discard(i)
+        s.dropped_count += 1
+        s.enrolled -= 1
+        s.funnel["dropped"] += 1
+        s.funnel["enrolled"] = max(0, s.funnel["enrolled"] - 1)
+        s.recent_dropouts.append(s.t)
+        fx.dropout = True
+
+    def _calendar_event(self, event: str, fx: _StepEffects) -> None:
+        s, c = self.s, self.s.constraints
+        if event == "patient_dropout":
+            if s.enrolled_set:
+                self._drop_enrolled(self.rng.choice(sorted(s.enrolled_set)), fx)
+        elif event in ("site_delay", "site_audit"):
+            k = self.site_index[self.rng.choice(self.site_ids)]
+            s.site_wait[k] += 2.0
+            if event == "site_audit":
+                c["site_bottleneck"] = True
+            self._schedule("site_recovery", 4 if event == "site_delay" else 5, k)
+        elif event == "site_capacity_reduced":
+            k = self.site_index[self.rng.choice(self.site_ids)]
+            s.site_cap[k] = max(0, s.site_cap[k] - 3)
+            self._schedule("capacity_recovery", 6, k)
+        elif event == "regulatory_hold":
+            s.backlog += 3
+            c["regulatory_hold_days"] = max(c["regulatory_hold_days"], 2)
+        elif event == "irb_delay":
+            c["regulatory_hold_days"] = max(c["regulatory_hold_days"], 3)
+        elif event == "consent_form_revision":
+            self._schedule("consent_form_revision", 2)
+        elif event == "new_competitor_trial":
+            self._schedule("competitor_pressure", 3, 0.12)
+        elif event == "patient_complaint":
+            self._schedule("sentiment_pressure", 2, 0.08)
+        elif event == "screening_backlog":
+            s.backlog += 2
+        elif event == "protocol_amendment":
+            self._schedule("protocol_shift", 1)
+        elif event == "seasonal_slowdown":
+            s.om = max(0.5, s.om - 0.1)
+            c["sentiment_pressure"] = min(0.4, c["sentiment_pressure"] + 0.03)
+
+    def _fire_due_effects(self, fx: _StepEffects) -> None:
+        s = self.s
+        if not s.queue:
+            return
+        t = s.t
+        due = [e for e in s.queue if e[0] <= t]
+        if not due:
+            return
+        s.queue = [e for e in s.queue if e[0] > t]
+        for _, kind, arg in due:
+            fx.delayed += 1
+            self._delayed_effect(kind, arg)
+
+    def _delayed_effect(self, kind: str, arg: Any) -> None:
+        s, c, t = self.s, self.s.constraints, self.s.t
+        if kind == "patient_cools_off":
+            i = arg
+            f = s.followup[i]
+            if s.eligible[i] and not s.consented[i] and not s.is_enrolled[i] and f is not None and f <= t:
+                self._set_willingness(i, round(max(0.1, s.will[i] - 0.12), 3))
+                s.followup[i] = None
+        elif kind == "consent_window_closes":
+            i = arg
+            f = s.followup[i]
+            if s.consented[i] and not s.is_enrolled[i] and f is not None and f <= t:
+                s.consented[i] = False
+                s.funnel["consented"] = max(0, s.funnel["consented"] - 1)
+                s.followup[i] = t + 2
+                self._schedule("patient_cools_off", 2, i)
+        elif kind == "competitor_pressure":
+            c["competitor_pressure"] = round(min(0.6, c["competitor_pressure"] + arg), 3)
+        elif kind == "sentiment_pressure":
+            c["sentiment_pressure"] = round(min(0.4, c["sentiment_pressure"] + arg), 3)
+        elif kind == "consent_form_revision":
+            c["sentiment_pressure"] = round(min(0.4, c["sentiment_pressure"] + 0.04), 3)
+        elif kind == "protocol_shift":
+            c["protocol_version"] += 1
+            s.cs = min(1.4, s.cs + 0.05)
+            s.backlog += 1
+            s.U = min(1.0, s.U + 0.04)
+            c["schema_delta"] = "eligibility tightened"
+        elif kind == "site_negotiation":
+            k = arg
+            s.negotiation[self.site_ids[k]]["counteroffers"] += 1
+            s.site_conv[k] = round(min(0.98, s.site_conv[k] + 0.04), 3)
+            s.site_wait[k] = round(max(1, s.site_wait[k] - 1), 1)
+            s.site_cap[k] = min(self.world.sites[k].capacity_total, max(s.site_cap[k] + 2, 1))
+        elif kind == "criteria_relax_tail_risk":
+            s.U = min(1.0, s.U + 0.05)
+        elif kind == "criteria_tighten_stability":
+            s.U = max(0.0, s.U - 0.04)
+        elif kind == "outreach_wave":
+            for _, i in s.available[:3]:
+                self._set_willingness(i, round(min(0.95, s.will[i] + arg), 3))
+        elif kind == "site_recovery":
+            s.site_wait[arg] = round(max(1, s.site_wait[arg] - 1), 1)
+        elif kind == "capacity_recovery":
+            s.site_cap[arg] = min(self.world.sites[arg].capacity_total, s.site_cap[arg] + 1)
+
+    # ------------------------------------------------------------------ actions
+    def _apply_action(self, a: dict, fx: _StepEffects) -> str | None:
+        kind = a["action_type"]
+        if kind == "screen_patient":
+            return self._screen(a, fx)
+        if kind == "recontact":
+            return self._recontact(a, fx)
+        if kind == "allocate_to_site":
+            return self._allocate(a, fx)
+        if kind == "adjust_strategy":
+            return self._adjust_strategy(a)
+        if kind == "plan_next_phase":
+            return self._plan(a, fx)
+        if kind == "summarize_and_index":
+            return self._summarize(a)
+        if kind == "retrieve_relevant_history":
+            return self._retrieve(a, fx)
+        fx.stopped = True
+        return None
+
+    def _screen(self, a: dict, fx: _StepEffects) -> str | None:
+        s, task, world = self.s, self.task, self.world
+        c = s.constraints
+        if c["regulatory_hold_days"] > 0:
+            s.backlog += 1
+            return "regulatory_hold_active"
+        if s.budget < task.screening_cost:
+            return "insufficient_budget"
+        i = self.patient_index.get(a["patient_id"])
+        if i is None:
+            return "patient_not_found"
+        if s.screened[i]:
+            return "already_screened"
+        s.budget -= task.screening_cost
+        s.screened[i] = True
+        pos = bisect_right(s.available, (-s.prio[i], i)) - 1
+        del s.available[pos]
+        s.active.add(i)
+        s.funnel["contacted"] += 1
+        s.funnel["screened"] += 1
+        p_eligible = min(0.99, world.eligibility[i] * (1 + (s.om - 1) * 0.15) / s.cs)
+        if self.rng.random() < p_eligible:
+            s.eligible[i] = True
+            s.funnel["eligible"] += 1
+            fx.screen_success = True
+            pressure = max(0.55, 1 - c["sentiment_pressure"] - 0.5 * c["competitor_pressure"])
+            p_consent = s.will[i] * (1 - 0.3 * s.U) * min(1.2, 0.9 + 0.1 * s.om) * pressure
+            p_consent = max(0.05, min(0.95, p_consent))
+            if self.rng.random() < p_consent:
+                s.consented[i] = True
+                s.funnel["consented"] += 1
+                s.followup[i] = s.t + 5
+                self._schedule("consent_window_closes", 5, i)
+            else:
+                s.followup[i] = s.t + 3
+                self._schedule("patient_cools_off", 3, i)
+        else:
+            s.backlog += 1
+        return None
+
+    def _recontact(self, a: dict, fx: _StepEffects) -> str | None:
+        s, task, world = self.s, self.task, self.world
+        if s.budget < task.recontact_cost:
+            return "insufficient_budget"
+        i = self.patient_index.get(a["patient_id"])
+        if i is None:
+            return "patient_not_found"
+        if s.is_enrolled[i]:
+            return "already_enrolled"
+        if s.dropped[i]:
+            return "patient_dropped"
+        s.budget -= task.recontact_cost
+        s.attempts[i] += 1
+        if s.attempts[i] == 2:
+            s.pressure.add(i)
+        c = s.constraints
+        pressure = max(0.55, 1 - c["competitor_pressure"] - 0.5 * c["sentiment_pressure"])
+        due = 1.1 if s.followup[i] is not None else 1.0
+        if s.consented[i]:
+            p = 0.6 * s.will[i] * (1 - world.dropout_risk[i]) * pressure * due
+            p = max(0.05, min(0.95, p))
+            if self.rng.random() < p and s.budget >= task.enrollment_cost:
+                s.budget -= task.enrollment_cost
+                self._enrol(i, None, fx)
+        elif s.eligible[i]:
+            p = max(0.05, min(0.90, 0.5 * s.will[i] * pressure * due))
+            if self.rng.random() < p:
+                s.consented[i] = True
+                s.funnel["consented"] += 1
+                s.followup[i] = s.t + 4
+                self._schedule("consent_window_closes", 4, i)
+            else:
+                s.followup[i] = s.t + 2
+        return None
+
+    def _enrol(self, i: int, site: int | None, fx: _StepEffects) -> None:
+        s = self.s
+        s.is_enrolled[i] = True
+        s.followup[i] = None
+        s.active.discard(i)
+        if not s.dropped[i]:
+            s.enrolled_set.add(i)
+        if site is not None:
+            s.site_assigned[i] = self.site_ids[site]
+            s.site_cap[site] -= 1
+        s.enrolled += 1
+        s.funnel["enrolled"] += 1
+        fx.enrolled = True
+
+    def _best_site(self) -> int | None:
+        s, sites = self.s, self.world.sites
+        best, best_score = None, None
+        for k, site in enumerate(sites):
+            rem = s.site_cap[k]
+            if rem <= 0:
+                continue
+            score = s.site_conv[k] * site.retention_rate * (0.5 + rem / max(1, site.capacity_total)) / max(1, s.site_wait[k])
+            if self.site_ids[k] == s.focused_site:
+                score *= 1.1
+            if best_score is None or score > best_score:
+                best, best_score = k, score
+        return best
+
+    def _allocate(self, a: dict, fx: _StepEffects) -> str | None:
+        s, task, world = self.s, self.task, self.world
+        i = self.patient_index.get(a["patient_id"])
+        if i is None:
+            return "patient_not_found"
+        if not s.consented[i]:
+            return "patient_not_consented"
+        if s.is_enrolled[i]:
+            return "already_enrolled"
+        k = self.site_index.get(a["site_id"])
+        if k is None:
+            k = self._best_site()
+            if k is None:
+                return "no_site_available"
+        if s.site_cap[k] <= 0:
+            return "site_at_capacity"
+        if s.budget < task.enrollment_cost:
+            return "insufficient_budget"
+        site = world.sites[k]
+        drisk = world.dropout_risk[i]
+        p = s.site_conv[k] * (1 - 0.3 * drisk) * max(0.55, 1 - s.site_wait[k] / 20) * (0.8 + 0.25 * site.retention_rate)
+        if self.site_ids[k] == s.focused_site:
+            p *= 1.15
+        p *= max(0.7, 1 - s.constraints["sentiment_pressure"])
+        p = max(0.05, min(0.98, p))
+        if self.rng.random() < p:
+            s.budget -= task.enrollment_cost
+            self._enrol(i, k, fx)
+        elif self.rng.random() < 0.3 * drisk:
+            if not s.dropped[i]:
+                s.dropped_count += 1
+            s.dropped[i] = True
+            s.active.discard(i)
+            s.funnel["dropped"] += 1
+            fx.dropout = True
+        return None
+
+    def _adjust_strategy(self, a: dict) -> str | None:
+        s, task = self.s, self.task
+        if s.budget < task.strategy_cost:
+            return "insufficient_budget"
+        s.budget -= task.strategy_cost
+        strategy = a["strategy_change"] or ""
+        if strategy == "increase_outreach":
+            s.om = min(2.0, s.om + 0.2)
+            self._schedule("outreach_wave", 2, 0.06)
+        elif strategy == "relax_criteria":
+            s.cs = max(0.6, s.cs - 0.15)
+            self._schedule("criteria_relax_tail_risk", 4)
+        elif strategy == "tighten_criteria":
+            s.cs = min(1.5, s.cs + 0.15)
+            self._schedule("criteria_tighten_stability", 3)
+        elif strategy.startswith("focus_site_"):
+            site_id = strategy[len("focus_") :]
+            if site_id not in self.site_index:
+                return "site_not_found"
+            s.focused_site = site_id
+        elif strategy.startswith("negotiate_site_"):
+            site_id = strategy[len("negotiate_") :]
+            k = self.site_index.get(site_id)
+            if k is None:
+                return "site_not_found"
+            s.negotiation[site_id]["offers_made"] += 1
+            s.negotiation[site_id]["last_offer_step"] = s.t
+            self._schedule("site_negotiation", 2, k)
+        else:
+            return "unknown_strategy"
+        return None
+
+    def _plan(self, a: dict, fx: _StepEffects) -> str | None:
+        s = self.s
+        phase = (a["target_phase"] or "").strip().lower()
+        if phase not in PLAN_PHASES:
+            return "invalid_target_phase"
+        summary = a["plan_summary"]
+        s.plan = {
+            "plan_id": a["plan_id"] or f"plan-{s.t}-{phase}",
+            "target_phase": phase,
+            "summary": summary[:180] if summary else PHASE_SUMMARIES[phase],
+            "created_step": s.t,
+            "last_followthrough_step": None,
+            "autogenerated": False,
+        }
+        fx.plan_bonus += 0.005
+        return None
+
+    def _summarize(self, a: dict) -> str | None:
+        s = self.s
+        key = (a["memory_key"] or "").strip().lower()
+        if not key:
+            return "missing_memory_key"
+        payload = a["memory_payload"] or self._default_memory_payload(key)
+        text = f"{key} {payload}".lower()
+        tags = [tag for tag in MEMORY_TAGS if tag in text] or ["general"]
+        s.memory[key] = {"key": key, "summary": payload[:220], "tags": tags, "step": s.t}
+        return None
+
+    def _default_memory_payload(self, key: str) -> str:
+        s = self.s
+        if "site" in key:
+            k = self._best_site()
+            if k is None:
+                return "Best site snapshot: no site has capacity left."
+            return (
+                f"Best site snapshot: {self.site_ids[k]} conv={s.site_conv[k]:.2f} "
+                f"wait={s.site_wait[k]:.1f} capacity={s.site_cap[k]}"
+            )
+        if "retention" in key or "dropout" in key:
+            return (
+                f"Retention snapshot: at_risk_enrolled={s.summary['at_risk_enrolled']} "
+                f"dropout_rate_7d={self._dropout_rate_7d():.3f}"
+            )
+        return (
+            f"Pipeline snapshot: followup_due={s.summary['followup_due']} "
+            f"consented_pending={s.summary['consented_pending_allocation']} milestone={s.active_milestone}"
+        )
+
+    def _retrieve(self, a: dict, fx: _StepEffects) -> str | None:
+        s = self.s
+        query = (a["memory_query"] or "").lower()
+        if not query:
+            return "missing_memory_query"
+        terms = query.replace("_", " ").split()
+        ranked = []
+        for entry in s.memory.values():
+            haystack = f"{entry['key']} {entry['summary']} {' '.join(entry['tags'])}".lower()
+            overlap = sum(1 for term in terms if term in haystack)
+            if overlap > 0:
+                ranked.append((overlap, entry["step"], entry["summary"]))
+        if ranked:
+            ranked.sort(key=lambda x: (x[0], x[1]), reverse=True)
+            s.retrieved = " | ".join(r[2] for r in ranked[:2])[:280]
+            fx.memory_bonus += 0.005
+            fx.memory_hit = True
+        else:
+            s.retrieved = f"No indexed memory matched '{query}' at step {s.t}."
+            fx.memory_bonus -= 0.01
+        return None
+
+    # ------------------------------------------------------------------ derived state
+    def _refresh(self) -> None:
+        s, task, world = self.s, self.task, self.world
+        c, t = s.constraints, s.t
+        n_sites = len(world.sites)
+        avg_wait = sum(s.site_wait) / n_sites
+        low_cap = sum(
+            1 for k, site in enumerate(world.sites) if s.site_cap[k] <= max(2, int(0.1 * site.capacity_total))
+        )
+        c["backlog_pressure"] = s.backlog >= 4
+        c["site_bottleneck"] = low_cap > 0 or avg_wait >= 7.0
+        c["sponsor_pressure"] = s.enrolled / task.target + 0.05 < (t + 1) / task.max_steps
+        c["focused_site"] = s.focused_site or ""
+        hold = c["regulatory_hold_days"]
+        competitor, sentiment = c["competitor_pressure"], c["sentiment_pressure"]
+        patient_pool = round(min(1.0, s.U + 0.4 * competitor), 3)
+        s.uncertainty_components = {
+            "patient_pool": patient_pool,
+            "site_operations": round(min(1.0, avg_wait / 15 + 0.5 * low_cap / n_sites), 3),
+            "policy": round(min(1.0, 0.1 * (c["protocol_version"] - 1) + 0.15 * hold + sentiment), 3),
+        }
+
+        # Patient memory summary: only screened patients carry follow-ups, consents and enrolments.
+        eligible_pending = consented_pending = followup_due = 0
+        for i in s.active:
+            if s.consented[i]:
+                consented_pending += 1
+            elif s.eligible[i]:
+                eligible_pending += 1
+            f = s.followup[i]
+            if f is not None and f <= t + 2:
+                followup_due += 1
+        high_priority = bisect_right(s.available, (-0.35, _INF_INDEX))
+        summary = {
+            "high_priority_candidates": high_priority,
+            "eligible_pending_consent": eligible_pending,
+            "consented_pending_allocation": consented_pending,
+            "at_risk_enrolled": sum(1 for i in s.enrolled_set if world.dropout_risk[i] >= 0.35),
+            "followup_due": followup_due,
+            "dropped": s.dropped_count,
+            "high_recontact_pressure": sum(1 for i in s.pressure if not s.is_enrolled[i] and not s.dropped[i]),
+            "oversight_alerts": len(s.oversight),
+        }
+        s.summary = summary
+
+        progress = s.enrolled / task.target
+        s.active_milestone = next((name for name, thr, _ in MILESTONES if thr > progress), "complete")
+
+        readiness = min(0.55, 0.03 * consented_pending + 0.02 * followup_due + 0.015 * high_priority)
+        pace_bonus = min(0.20, 0.5 * max(0, progress - t / task.max_steps))
+        penalties = 0.05 * hold + 0.10 * competitor + 0.08 * sentiment + min(0.15, 0.01 * s.backlog)
+        s.potential = round(max(0.0, min(1.0, 0.20 + 0.35 * progress + readiness + pace_bonus - penalties)), 3)
+
+        self._maintain_plan(hold, consented_pending, followup_due, eligible_pending, summary["at_risk_enrolled"])
+
+        followthrough_bonus = min(0.18, 0.01 * s.followthroughs + 0.015 * s.memory_hits)
+        eff = 1 - 0.65 * s.tokens_used / task.token_budget + 0.25 * progress + followthrough_bonus
+        s.token_eff = round(max(0.0, min(1.0, eff)), 3)
+
+        s.pareto.append((s.enrolled, s.budget, s.token_eff))
+        s.pareto.sort(reverse=True)
+        del s.pareto[10:]
+        if hold > 0 or s.backlog >= 4:
+            s.oversight.append({"step": t, "regulatory_hold_days": hold, "backlog": s.backlog})
+            del s.oversight[:-8]
+
+        s.hint = self._counterfactual_hint(hold, followup_due, consented_pending, patient_pool)
+
+    def _maintain_plan(self, hold: int, consented: int, followup: int, eligible: int, at_risk: int) -> None:
+        s, t = self.s, self.s.t
+        if s.active_milestone == "complete":
+            s.plan = None
+            return
+        if hold > 0:
+            phase = "recovery"
+        elif consented > 0:
+            phase = "allocation"
+        elif followup > 0 or eligible > 0:
+            phase = "conversion"
+        elif at_risk > 0 and self.task.task_id == "hard_bench":
+            phase = "retention"
+        else:
+            phase = "screening"
+        plan = s.plan
+        if plan is not None:
+            age = t - plan["created_step"]
+            if plan["autogenerated"]:
+                stale = age > 18 or plan["target_phase"] != phase
+            else:
+                stale = age > 24
+            if stale:
+                plan = None
+        if plan is None:
+            plan = {
+                "plan_id": f"autoplan-{t}-{phase}",
+                "target_phase": phase,
+                "summary": PHASE_SUMMARIES[phase],
+                "created_step": t,
+                "last_followthrough_step": None,
+                "autogenerated": True,
+            }
+        s.plan = plan
+
+    def _counterfactual_hint(self, hold: int, followup: int, consented: int, patient_pool: float) -> str:
+        s = self.s
+        if hold > 0:
+            text = "a regulatory hold blocks screening: recontact pending patients or negotiate with a site."
+        elif followup > 0:
+            text = f"recontact the {followup} patient(s) with follow-ups due before their consent windows close."
+        elif consented > 0:
+            k = self._best_site()
+            site = self.site_ids[k] if k is not None else "no site"
+            text = f"allocate the {consented} consented patient(s) to the current best site {site}."
+        elif s.constraints["site_bottleneck"]:
+            text = "sites are bottlenecked: negotiate capacity or refocus on a better site."
+        elif patient_pool > 0.4:
+            text = "patient-pool uncertainty is high: tighten criteria to stabilise screening."
+        else:
+            enrolled, budget, _ = s.pareto[0]
+            text = f"aim for the best trade-off seen so far: {enrolled} enrolled with ${budget:.0f} left."
+        return "Counterfactual: " + text
+
+    def _dropout_rate_7d(self) -> float:
+        s = self.s
+        recent = sum(1 for day in s.recent_dropouts if day >= s.t - 7)
+        return round(min(1.0, recent / max(1, s.enrolled)), 3)
+
+    def _plan_view(self) -> dict[str, Any]:
+        plan = self.s.plan
+        if plan is None:
+            return {}
+        return {k: plan[k] for k in ("plan_id", "target_phase", "summary", "created_step", "last_followthrough_step")}
+
+    def _memory_summary(self) -> dict[str, int]:
+        out = {"entries": len(self.s.memory)}
+        for entry in self.s.memory.values():
+            for tag in entry["tags"]:
+                out[tag] = out.get(tag, 0) + 1
+        return out
+
+    def _hindsight(self) -> dict[str, Any]:
+        s, task = self.s, self.task
+        counts: dict[str, int] = {}
+        for h in s.history:
+            counts[h["action"]] = counts.get(h["action"], 0) + 1
+        dominant = max(counts, key=counts.__getitem__) if counts else "none"
+        progress = s.enrolled / task.target
+        return {
+            "dominant_action": dominant,
+            "phase_followthrough_steps": s.followthroughs,
+            "memory_hits": s.memory_hits,
+            "milestone_potential_final": s.potential,
+            "token_efficiency_score": s.token_eff,
+            "token_usage_so_far": s.tokens_used,
+            "weakest_milestone": s.active_milestone,
+            "recovery_suggestion": s.hint[len("Counterfactual: ") :],
+            "score_proxy": round(max(0.0, min(1.0, 0.6 * progress + 0.01 * s.followthroughs + 0.01 * s.memory_hits)), 3),
+            "epistemic": round(min(1.0, 0.55 * s.U + 0.015 * s.backlog), 3),
+            "aleatoric": round(min(1.0, 0.45 * s.U + 0.4 * self._dropout_rate_7d()), 3),
+        }
+
+    # ------------------------------------------------------------------ observation
+    def _observation(self) -> Observation:
+        s, task, world = self.s, self.task, self.world
+        t = s.t
+        ids, ages, elig, drisk = world.patient_ids, world.ages, world.eligibility, world.dropout_risk
+        available = [
+            {"id": ids[i], "age": ages[i], "eligibility_score": elig[i], "dropout_risk": drisk[i]}
+            for _, i in s.available[:5]
+        ]
+        followup, prio = s.followup, s.prio
+        recontact_order = sorted(
+            s.active, key=lambda i: (followup[i] is None, followup[i] or 0, -prio[i], i)
+        )[:5]
+        recontact = [
+            {
+                "id": ids[i],
+                "age": ages[i],
+                "eligible": s.eligible[i],
+                "consented": s.consented[i],
+                "dropout_risk": drisk[i],
+                "followup_due_day": followup[i],
+            }
+            for i in recontact_order
+        ]
+        consented = [i for i in s.active if s.consented[i]]
+        consented.sort(key=lambda i: (-prio[i], drisk[i], i))
+        allocation = [
+            {"id": ids[i], "age": ages[i], "dropout_risk": drisk[i], "followup_due_day": followup[i]}
+            for i in consented[:5]
+        ]
+        sites = {
+            sid: {
+                "conversion_rate": s.site_conv[k],
+                "avg_wait_days": float(s.site_wait[k]),
+                "capacity_remaining": float(s.site_cap[k]),
+                "retention_rate": world.sites[k].retention_rate,
+            }
+            for k, sid in enumerate(self.site_ids)
+        }
+        recent: list[str] = []
+        for h in s.history[-5:]:
+            if h["dropout"]:
+                recent.append("patient_dropout")
+            if h["delayed_effects_triggered"]:
+                recent.append("delayed_effect")
+            if h["milestone_bonus"] > 0:
+                recent.append("enrollment_milestone")
+            if h["error"]:
+                recent.append("error:" + h["error"])
+        recent.extend(world.events.get(max(0, t - 1), ())[:3])
+        dropout_7d = self._dropout_rate_7d()
+        U = s.U
+        convs = s.site_conv
+        if dropout_7d > 0.3:
+            driver = "patient dropout"
+        elif U > 0.3:
+            driver = "screening noise"
+        elif len(convs) > 1 and max(convs) - min(convs) > 0.2:
+            driver = "site-performance bias"
+        else:
+            driver = "possible confounding"
+        hyp_world = HYPOTHESIS_WORLD.get(s.last_hypothesis)
+        if hyp_world == task.world_type:
+            accuracy = 1.0
+        elif s.last_hypothesis == "unknown":
+            accuracy = 0.0
+        elif s.last_hypothesis == "confounding" and task.world_type in ("noise", "dropout"):
+            accuracy = 0.3
+        else:
+            accuracy = 0.1
+        summary = s.summary
+        return {
+            "timestamp": t,
+            "budget_remaining": round(s.budget, 2),
+            "time_to_deadline_days": max(0, task.max_steps - t),
+            "enrolled_so_far": s.enrolled,
+            "target_enrollment": task.target,
+            "task_id": task.task_id,
+            "max_steps": task.max_steps,
+            "initial_budget": round(task.budget, 2),
+            "current_funnel": dict(s.funnel),
+            "available_patients": available,
+            "recontact_candidates": recontact,
+            "allocation_candidates": allocation,
+            "site_performance": sites,
+            "recent_events": recent[-5:],
+            "uncertainty_level": round(U, 3),
+            "difficulty": task.difficulty,
+            "dropout_rate_7d": dropout_7d,
+            "screening_backlog": s.backlog,
+            "causal_insight": (
+                f"Dominant driver looks like {driver}; 7-day dropout rate {dropout_7d:.2f}, uncertainty {U:.2f}."
+            ),
+            "hypothesis_accuracy": accuracy,
+            "world_type": task.world_type,
+            "milestones": dict(s.milestones),
+            "active_constraints": dict(s.constraints),
+            "delayed_effects_pending": len(s.queue),
+            "uncertainty_components": dict(s.uncertainty_components),
+            "patient_memory_summary": dict(summary),
+            "counterfactual_hint": s.hint,
+            "current_plan": self._plan_view(),
+            "indexed_memory_summary": self._memory_summary(),
+            "retrieved_memory_context": s.retrieved,
+            "milestone_potential": s.potential,
+            "active_milestone": s.active_milestone,
+            "hindsight_available": s.done,
+            "token_budget_remaining": max(0, task.token_budget - s.tokens_used),
+            "token_usage_so_far": s.tokens_used,
+            "token_efficiency_score": s.token_eff,
+            "counterfactual_rollout": {
+                "allocate_gain_estimate": round(min(1.0, 0.35 * summary["consented_pending_allocation"]), 3),
+                "recontact_gain_estimate": round(min(1.0, 0.25 * summary["followup_due"]), 3),
+            },
+        }
+
+
+class _StepEffects:
+    """What happened during one step (flags the reward and the history entry read)."""
+
+    __slots__ = ("screen_success", "enrolled", "dropout", "memory_hit", "stopped", "plan_bonus", "memory_bonus", "delayed")
+
+    def __init__(self) -> None:
+        self.screen_success = self.enrolled = self.dropout = self.memory_hit = self.stopped = False
+        self.plan_bonus = self.memory_bonus = 0.0
+        self.delayed = 0

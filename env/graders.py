@@ -1,0 +1,183 @@
+"""End-of-episode graders (spec section 11): pure functions of the final observation and the history.
+
+Each task's grade is a weighted sum of parts (enrolment, budget kept, screening efficiency, retention,
+site use, hypothesis consistency and accuracy, plan follow-through, memory use, milestone potential,
+token efficiency, and on hard: recovery after dropouts, curriculum screening, strategy count). The result
+is rounded to 4 decimals and clamped to [0.001, 0.999]. Quirks of the reference are kept on purpose: the
+history's ``enrolled`` *count* is read as a "useful step" flag, and site use counts any action's site_id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from env.reward import HYPOTHESIS_WORLD
+
+History = Sequence[Mapping[str, Any]]
+
+
+def _consistency(history: History) -> float:
+    if len(history) < 2:
+        return 1.0
+    switches = sum(1 for a, b in zip(history, history[1:], strict=False) if a["hypothesis"] != b["hypothesis"])
+    if switches <= 1:
+        return 1.0
+    if switches <= 4:
+        return 1 - 0.2 * (switches - 1)
+    return 0.2
+
+
+def _accuracy(history: History, world_type: str) -> float:
+    last = history[-20:]
+    if not last:
+        return 0.0
+    return sum(1 for h in last if HYPOTHESIS_WORLD.get(h["hypothesis"]) == world_type) / len(last)
+
+
+def _plan_followthrough(history: History) -> float:
+    plans = sum(1 for h in history if h["action"] == "plan_next_phase")
+    if plans == 0:
+        return 0.0
+    return min(1.0, sum(1 for h in history if h["plan_followthrough"]) / (2 * plans))
+
+
+def _memory_use(history: History) -> float:
+    writes = sum(1 for h in history if h["action"] == "summarize_and_index")
+    hits = sum(1 for h in history if h["memory_hit"])
+    if writes == 0 and hits == 0:
+        return 0.0
+    return min(1.0, (0.4 * writes + 0.6 * hits) / max(1, writes + 1))
+
+
+def _milestone_potential(obs: Mapping[str, Any], history: History) -> float:
+    gains = sum(max(0.0, h["milestone_potential_delta"]) for h in history)
+    return min(1.0, 0.7 * obs["milestone_potential"] + min(0.3, 0.2 * gains))
+
+
+def _hindsight_alignment(obs: Mapping[str, Any], history: History) -> float:
+    if not obs.get("hindsight_available"):
+        return 0.0
+    follow = sum(1 for h in history if h["plan_followthrough"])
+    hits = sum(1 for h in history if h["memory_hit"])
+    return min(1.0, 0.3 + 0.02 * follow + 0.03 * hits)
+
+
+def _token_grade(obs: Mapping[str, Any], history: History) -> float:
+    useful = sum(1 for h in history if h["screen_success"] or h["enrolled"] or h["memory_hit"])
+    if obs["token_usage_so_far"] <= 0:
+        return min(1.0, 0.4 + 0.02 * useful)
+    return min(1.0, 0.8 * obs["token_efficiency_score"] + 0.2 * useful / max(1, len(history)))
+
+
+def _budget_kept(screened: int, min_screened: int, bf: float, reserve: float) -> float:
+    if screened < min_screened:
+        return 0.0
+    return 1.0 if bf >= reserve else bf / reserve
+
+
+def _retention(funnel: Mapping[str, int], enrolled: int) -> float:
+    denom = enrolled + funnel["dropped"]
+    return 0.0 if denom == 0 else 1 - funnel["dropped"] / denom
+
+
+def _finish(score: float) -> float:
+    return max(0.001, min(0.999, round(score, 4)))
+
+
+def grade_easy(obs: Mapping[str, Any], history: History) -> float:
+    funnel = obs["current_funnel"]
+    enrolled, target = obs["enrolled_so_far"], obs["target_enrollment"]
+    horizon = _horizon(obs, history)
+    bf = max(0.0, obs["budget_remaining"]) / max(1, obs["initial_budget"])
+    screened = funnel["screened"]
+    if enrolled >= target:
+        timeline = max(0.0, 1 - len(history) / horizon)
+    else:
+        timeline = 0.5 * enrolled / target if len(history) < horizon else 0.0
+    efficiency = min(1.0, (funnel["eligible"] / screened) / 0.7) if screened else 0.0
+    score = (
+        0.30 * min(1.0, enrolled / target)
+        + 0.17 * _budget_kept(screened, 10, bf, 0.20)
+        + 0.17 * efficiency
+        + 0.10 * timeline
+        + 0.10 * _consistency(history)
+        + 0.05 * _accuracy(history, obs["world_type"])
+        + 0.03 * _milestone_potential(obs, history)
+        + 0.02 * _plan_followthrough(history)
+        + 0.03 * _memory_use(history)
+        + 0.03 * _token_grade(obs, history)
+    )
+    return _finish(score)
+
+
+def grade_medium(obs: Mapping[str, Any], history: History) -> float:
+    funnel = obs["current_funnel"]
+    enrolled, target = obs["enrolled_so_far"], obs["target_enrollment"]
+    bf = max(0.0, obs["budget_remaining"]) / max(1, obs["initial_budget"])
+    n_sites = len({h["site_id"] for h in history if h["site_id"]})
+    sites = 1.0 if n_sites >= 3 else 0.7 if n_sites == 2 else 0.3 if n_sites == 1 else 0.0
+    score = (
+        0.25 * min(1.0, enrolled / target)
+        + 0.15 * _retention(funnel, enrolled)
+        + 0.15 * sites
+        + 0.10 * _budget_kept(funnel["screened"], 15, bf, 0.15)
+        + 0.10 * _consistency(history)
+        + 0.10 * _accuracy(history, obs["world_type"])
+        + 0.05 * _plan_followthrough(history)
+        + 0.05 * _milestone_potential(obs, history)
+        + 0.05 * _token_grade(obs, history)
+    )
+    return _finish(score)
+
+
+def grade_hard(obs: Mapping[str, Any], history: History) -> float:
+    funnel = obs["current_funnel"]
+    enrolled, target = obs["enrolled_so_far"], obs["target_enrollment"]
+    bf = max(0.0, obs["budget_remaining"]) / max(1, obs["initial_budget"])
+    drops = [i for i, h in enumerate(history) if h["dropout"]]
+    if drops:
+        n = len(history)
+        recovered = sum(
+            1
+            for i in drops
+            if any(history[j]["enrolled"] > history[i]["enrolled"] for j in range(i + 1, min(i + 10, n - 1) + 1))
+        )
+        recovery = recovered / len(drops)
+    else:
+        recovery = 0.0
+    in_curr = [h for h in history if h["curriculum"]]
+    if in_curr:
+        good = sum(1 for h in in_curr if h["action"] == "screen_patient" and h["screen_success"])
+        curric = min(1.0, good / (0.5 * len(in_curr)))
+    else:
+        curric = 0.0
+    strategies = sum(1 for h in history if h["action"] == "adjust_strategy")
+    strategy = 1.0 if strategies >= 3 else strategies / 3
+    score = (
+        0.15 * min(1.0, enrolled / target)
+        + 0.10 * _retention(funnel, enrolled)
+        + 0.10 * _budget_kept(funnel["screened"], 20, bf, 0.10)
+        + 0.10 * recovery
+        + 0.10 * curric
+        + 0.10 * strategy
+        + 0.10 * _consistency(history)
+        + 0.10 * _accuracy(history, obs["world_type"])
+        + 0.04 * _memory_use(history)
+        + 0.03 * _milestone_potential(obs, history)
+        + 0.03 * _hindsight_alignment(obs, history)
+        + 0.05 * _token_grade(obs, history)
+    )
+    return _finish(score)
+
+
+def _horizon(obs: Mapping[str, Any], history: History) -> int:
+    return obs.get("max_steps") or len(history) + obs["time_to_deadline_days"]
+
+
+GRADERS = {"easy_bench": grade_easy, "medium_bench": grade_medium, "hard_bench": grade_hard}
+
+
+def grade(base_task: str, obs: Mapping[str, Any], history: History) -> float:
+    """Final score in [0.001, 0.999] for an episode of ``base_task`` (stage tasks use their base's grader)."""
+    return GRADERS[base_task](obs, history)
