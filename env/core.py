@@ -26,7 +26,7 @@ from typing import Any
 
 from env.graders import grade
 from env.models import PLAN_PHASES, validate_action
-from env.reward import HYPOTHESIS_WORLD, consistency_penalty, progress_bonus, step_reward, token_penalty
+from env.reward import HYPOTHESIS_WORLD, progress_bonus, step_reward, token_penalty
 from env.tasks import TaskSpec, get_task
 from env.world import World, get_world
 
@@ -103,9 +103,7 @@ _LISTS = (
 )  # fmt: skip
 _DICTS = ("funnel", "milestones", "constraints", "memory", "uncertainty_components")
 _SETS = ("active", "enrolled_set", "pressure")
-_SCALARS = tuple(
-    n for n in EpisodeState.__slots__ if n not in _LISTS + _DICTS + _SETS + ("negotiation", "plan")
-)
+_SCALARS = tuple(n for n in EpisodeState.__slots__ if n not in _LISTS + _DICTS + _SETS + ("negotiation", "plan"))
 
 
 class EnvSnapshot:
@@ -167,7 +165,9 @@ class ClinicalRecruitmentEnv:
             "focused_site": "",
         }
         s.queue, s.memory, s.plan, s.retrieved, s.hindsight = [], {}, None, "", None
-        s.negotiation = {site.site_id: {"offers_made": 0, "last_offer_step": None, "counteroffers": 0} for site in world.sites}
+        s.negotiation = {
+            site.site_id: {"offers_made": 0, "last_offer_step": None, "counteroffers": 0} for site in world.sites
+        }
         s.oversight, s.pareto = [], []
         s.tokens_used, s.token_eff, s.recent_dropouts = 0, 1.0, []
         n = world.n_patients
@@ -666,7 +666,12 @@ class ClinicalRecruitmentEnv:
             rem = s.site_cap[k]
             if rem <= 0:
                 continue
-            score = s.site_conv[k] * site.retention_rate * (0.5 + rem / max(1, site.capacity_total)) / max(1, s.site_wait[k])
+            score = (
+                s.site_conv[k]
+                * site.retention_rate
+                * (0.5 + rem / max(1, site.capacity_total))
+                / max(1, s.site_wait[k])
+            )
             if self.site_ids[k] == s.focused_site:
                 score *= 1.1
             if best_score is None or score > best_score:
@@ -693,7 +698,12 @@ class ClinicalRecruitmentEnv:
             return "insufficient_budget"
         site = world.sites[k]
         drisk = world.dropout_risk[i]
-        p = s.site_conv[k] * (1 - 0.3 * drisk) * max(0.55, 1 - s.site_wait[k] / 20) * (0.8 + 0.25 * site.retention_rate)
+        p = (
+            s.site_conv[k]
+            * (1 - 0.3 * drisk)
+            * max(0.55, 1 - s.site_wait[k] / 20)
+            * (0.8 + 0.25 * site.retention_rate)
+        )
         if self.site_ids[k] == s.focused_site:
             p *= 1.15
         p *= max(0.7, 1 - s.constraints["sentiment_pressure"])
@@ -968,7 +978,9 @@ class ClinicalRecruitmentEnv:
             "token_usage_so_far": s.tokens_used,
             "weakest_milestone": s.active_milestone,
             "recovery_suggestion": s.hint[len("Counterfactual: ") :],
-            "score_proxy": round(max(0.0, min(1.0, 0.6 * progress + 0.01 * s.followthroughs + 0.01 * s.memory_hits)), 3),
+            "score_proxy": round(
+                max(0.0, min(1.0, 0.6 * progress + 0.01 * s.followthroughs + 0.01 * s.memory_hits)), 3
+            ),
             "epistemic": round(min(1.0, 0.55 * s.U + 0.015 * s.backlog), 3),
             "aleatoric": round(min(1.0, 0.45 * s.U + 0.4 * self._dropout_rate_7d()), 3),
         }
@@ -983,9 +995,7 @@ class ClinicalRecruitmentEnv:
             for _, i in s.available[:5]
         ]
         followup, prio = s.followup, s.prio
-        recontact_order = sorted(
-            s.active, key=lambda i: (followup[i] is None, followup[i] or 0, -prio[i], i)
-        )[:5]
+        recontact_order = sorted(s.active, key=lambda i: (followup[i] is None, followup[i] or 0, -prio[i], i))[:5]
         recontact = [
             {
                 "id": ids[i],
@@ -1093,7 +1103,16 @@ class ClinicalRecruitmentEnv:
 class _StepEffects:
     """What happened during one step (flags the reward and the history entry read)."""
 
-    __slots__ = ("screen_success", "enrolled", "dropout", "memory_hit", "stopped", "plan_bonus", "memory_bonus", "delayed")
+    __slots__ = (
+        "screen_success",
+        "enrolled",
+        "dropout",
+        "memory_hit",
+        "stopped",
+        "plan_bonus",
+        "memory_bonus",
+        "delayed",
+    )
 
     def __init__(self) -> None:
         self.screen_success = self.enrolled = self.dropout = self.memory_hit = self.stopped = False

@@ -95,7 +95,7 @@ def generate_base_world(task: TaskSpec) -> World:
     return World(tuple(ids), tuple(ages), tuple(elig), tuple(drisk), tuple(will), tuple(sites), events)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get_world(task_id: str) -> World:
     """The (cached) world of any task id; stage tasks drop calendar days at or beyond their horizon."""
     task = get_task(task_id)
@@ -103,10 +103,12 @@ def get_world(task_id: str) -> World:
     if task.max_steps >= _CALENDAR_DAYS:
         return base
     events = {day: evs for day, evs in base.events.items() if day < task.max_steps}
-    return World(base.patient_ids, base.ages, base.eligibility, base.dropout_risk, base.willingness, base.sites, events)
+    return World(
+        base.patient_ids, base.ages, base.eligibility, base.dropout_risk, base.willingness, base.sites, events
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _base_world(base_task_id: str) -> World:
     return generate_base_world(get_task(base_task_id))
 
