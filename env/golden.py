@@ -50,9 +50,8 @@ def replay_episode(episode: dict[str, Any]) -> list[str]:
         }
         for field in STEP_FIELDS:
             if field in expected and got[field] != expected[field]:
-                problems.append(
-                    f"step {n} ({expected['action'].get('action_type')}): {field} {got[field]!r} != {expected[field]!r}"
-                )
+                kind = expected["action"].get("action_type")
+                problems.append(f"step {n} ({kind}): {field} {got[field]!r} != {expected[field]!r}")
         if problems:
             break
     if not problems:

@@ -2,8 +2,9 @@
 
 The terms are added in the reference's order, with the ratios formed first (``0.05 * (budget / initial)``),
 so the float sum is bit-identical (checked on the golden episodes, where other groupings flip a 4th decimal);
-the caller rounds the result to 4 decimals. Invalid or failed actions get no extra penalty: they still earn the base, budget
-and hypothesis terms (a documented quirk of the reference that the published numbers depend on).
+the caller rounds the result to 4 decimals. Invalid or failed actions get no extra penalty: they still earn
+the base, budget and hypothesis terms (a documented quirk of the reference that the published numbers
+depend on).
 """
 
 from __future__ import annotations
