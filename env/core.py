@@ -61,6 +61,7 @@ RECOVERY_STRATEGY_PREFIXES = ("tighten_criteria", "negotiate_site_", "focus_site
 MEMORY_TAGS = ("screening", "conversion", "allocation", "retention", "recovery", "site", "dropout", "milestone")
 MILESTONES = (("25pct", 0.25, 0.02), ("50pct", 0.5, 0.03), ("75pct", 0.75, 0.04), ("100pct", 1.0, 0.06))
 NO_PLAN_CHECK = frozenset({"plan_next_phase", "summarize_and_index", "retrieve_relevant_history", "stop_recruitment"})
+KNOWN_FIXES = frozenset({"hide_world_type", "screen_failures_leave_recontact", "no_realloc_after_dropout"})
 # A screened patient no longer counts as "available"; an unscreened one is never dropped or enrolled.
 _INF_INDEX = 1 << 30
 
@@ -133,9 +134,18 @@ class ClinicalRecruitmentEnv:
 
     Args:
         task: a task id from :data:`env.TASKS` or a stage id such as ``"hard_bench_stage_30"``.
+        fixes: opt-in corrections of reference quirks, all off by default (the published numbers depend on
+            the quirks): ``"hide_world_type"`` (the observation no longer leaks the ground-truth world type or
+            the hypothesis accuracy), ``"screen_failures_leave_recontact"`` (screen-failed patients leave
+            ``recontact_candidates``), ``"no_realloc_after_dropout"`` (allocating a patient who dropped out
+            fails with ``patient_dropped``).
     """
 
-    def __init__(self, task: str = "easy_bench") -> None:
+    def __init__(self, task: str = "easy_bench", fixes: tuple[str, ...] | frozenset[str] = ()) -> None:
+        unknown = set(fixes) - KNOWN_FIXES
+        if unknown:
+            raise ValueError(f"Unknown fixes {sorted(unknown)}; known: {sorted(KNOWN_FIXES)}")
+        self.fixes = frozenset(fixes)
         self._set_task(task)
         self.rng = random.Random()
         self.s: EpisodeState | None = None
@@ -608,6 +618,8 @@ class ClinicalRecruitmentEnv:
                 self._schedule("patient_cools_off", 3, i)
         else:
             s.backlog += 1
+            if "screen_failures_leave_recontact" in self.fixes:
+                s.active.discard(i)
         return None
 
     def _recontact(self, a: dict, fx: _StepEffects) -> str | None:
@@ -687,6 +699,8 @@ class ClinicalRecruitmentEnv:
             return "patient_not_consented"
         if s.is_enrolled[i]:
             return "already_enrolled"
+        if s.dropped[i] and "no_realloc_after_dropout" in self.fixes:
+            return "patient_dropped"
         k = self.site_index.get(a["site_id"])
         if k is None:
             k = self._best_site()
@@ -787,8 +801,8 @@ class ClinicalRecruitmentEnv:
             if k is None:
                 return "Best site snapshot: no site has capacity left."
             return (
-                f"Best site snapshot: {self.site_ids[k]} conv={s.site_conv[k]:.2f} "
-                f"wait={s.site_wait[k]:.1f} capacity={s.site_cap[k]}"
+                f"Best site {self.site_ids[k]}: conversion {s.site_conv[k]:.2f}, "
+                f"wait {s.site_wait[k]:.1f} days, capacity {s.site_cap[k]}"
             )
         if "retention" in key or "dropout" in key:
             return (
@@ -1054,6 +1068,9 @@ class ClinicalRecruitmentEnv:
         else:
             accuracy = 0.1
         summary = s.summary
+        world_type = task.world_type
+        if "hide_world_type" in self.fixes:
+            world_type, accuracy = "hidden", 0.0
         return {
             "timestamp": t,
             "budget_remaining": round(s.budget, 2),
@@ -1077,7 +1094,7 @@ class ClinicalRecruitmentEnv:
                 f"Dominant driver looks like {driver}; 7-day dropout rate {dropout_7d:.2f}, uncertainty {U:.2f}."
             ),
             "hypothesis_accuracy": accuracy,
-            "world_type": task.world_type,
+            "world_type": world_type,
             "milestones": dict(s.milestones),
             "active_constraints": dict(s.constraints),
             "delayed_effects_pending": len(s.queue),

@@ -263,3 +263,26 @@ def test_arbitrary_actions_never_crash(actions):
             continue
         assert -0.5 <= reward <= 0.99
         assert obs["budget_remaining"] >= 0
+
+
+def test_opt_in_fixes_are_off_by_default_and_work():
+    with pytest.raises(ValueError, match="Unknown fixes"):
+        ClinicalRecruitmentEnv("easy_bench", fixes=("everything",))
+    plain = ClinicalRecruitmentEnv("easy_bench")
+    fixed = ClinicalRecruitmentEnv("easy_bench", fixes=("hide_world_type", "screen_failures_leave_recontact"))
+    obs, _ = plain.reset(seed=0)
+    fixed_obs, _ = fixed.reset(seed=0)
+    assert obs["world_type"] == "noise" and fixed_obs["world_type"] == "hidden"
+    # Screen until one patient fails screening: it stays a recontact candidate only without the fix.
+    for _ in range(40):
+        pid = obs["available_patients"][0]["id"]
+        action = {"action_type": "screen_patient", "patient_id": pid, "hypothesis": "noise_dominant"}
+        obs, *_ = plain.step(action)
+        fixed_obs, *_ = fixed.step(action)
+        failed = [c for c in obs["recontact_candidates"] if not c["eligible"]]
+        if failed:
+            assert all(c["eligible"] for c in fixed_obs["recontact_candidates"])
+            assert fixed_obs["hypothesis_accuracy"] == 0.0 and obs["hypothesis_accuracy"] == 1.0
+            break
+    else:
+        pytest.fail("no screen failure in 40 screens")
