@@ -76,7 +76,7 @@ class EpisodeState:
         "pareto", "tokens_used", "token_eff", "recent_dropouts", "will", "prio", "screened", "eligible",
         "consented", "is_enrolled", "dropped", "site_assigned", "followup", "attempts", "available",
         "active", "enrolled_set", "pressure", "dropped_count", "site_conv", "site_wait", "site_cap",
-        "potential", "summary", "active_milestone", "uncertainty_components", "hint", "followthroughs",
+        "potential", "summary", "active_milestone", "uncertainty_components", "followthroughs",
         "memory_hits", "last_error",
     )  # fmt: skip
 
@@ -902,8 +902,6 @@ class ClinicalRecruitmentEnv:
             s.oversight.append({"step": t, "regulatory_hold_days": hold, "backlog": s.backlog})
             del s.oversight[:-8]
 
-        s.hint = self._counterfactual_hint(hold, followup_due, consented_pending, patient_pool)
-
     def _maintain_plan(self, hold: int, consented: int, followup: int, eligible: int, at_risk: int) -> None:
         s, t = self.s, self.s.t
         if s.active_milestone == "complete":
@@ -939,8 +937,13 @@ class ClinicalRecruitmentEnv:
             }
         s.plan = plan
 
-    def _counterfactual_hint(self, hold: int, followup: int, consented: int, patient_pool: float) -> str:
+    def _counterfactual_hint(self) -> str:
+        """The refresh's one-line suggestion (computed on demand: it only reads state the refresh left)."""
         s = self.s
+        hold = s.constraints["regulatory_hold_days"]
+        followup = s.summary["followup_due"]
+        consented = s.summary["consented_pending_allocation"]
+        patient_pool = s.uncertainty_components["patient_pool"]
         if hold > 0:
             text = "a regulatory hold blocks screening: recontact pending patients or negotiate with a site."
         elif followup > 0:
@@ -991,7 +994,7 @@ class ClinicalRecruitmentEnv:
             "token_efficiency_score": s.token_eff,
             "token_usage_so_far": s.tokens_used,
             "weakest_milestone": s.active_milestone,
-            "recovery_suggestion": s.hint[len("Counterfactual: ") :],
+            "recovery_suggestion": self._counterfactual_hint()[len("Counterfactual: ") :],
             "score_proxy": round(
                 max(0.0, min(1.0, 0.6 * progress + 0.01 * s.followthroughs + 0.01 * s.memory_hits)), 3
             ),
@@ -1100,7 +1103,7 @@ class ClinicalRecruitmentEnv:
             "delayed_effects_pending": len(s.queue),
             "uncertainty_components": dict(s.uncertainty_components),
             "patient_memory_summary": dict(summary),
-            "counterfactual_hint": s.hint,
+            "counterfactual_hint": self._counterfactual_hint(),
             "current_plan": self._plan_view(),
             "indexed_memory_summary": self._memory_summary(),
             "retrieved_memory_context": s.retrieved,
