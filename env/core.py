@@ -609,10 +609,7 @@ class ClinicalRecruitmentEnv:
             p_consent = s.will[i] * (1 - 0.3 * s.U) * min(1.2, 0.9 + 0.1 * s.om) * pressure
             p_consent = max(0.05, min(0.95, p_consent))
             if self.rng.random() < p_consent:
-                s.consented[i] = True
-                s.funnel["consented"] += 1
-                s.followup[i] = s.t + 5
-                self._schedule("consent_window_closes", 5, i)
+                self._consent(i, window=5)
             else:
                 s.followup[i] = s.t + 3
                 self._schedule("patient_cools_off", 3, i)
@@ -649,13 +646,18 @@ class ClinicalRecruitmentEnv:
         elif s.eligible[i]:
             p = max(0.05, min(0.90, 0.5 * s.will[i] * pressure * due))
             if self.rng.random() < p:
-                s.consented[i] = True
-                s.funnel["consented"] += 1
-                s.followup[i] = s.t + 4
-                self._schedule("consent_window_closes", 4, i)
+                self._consent(i, window=4)
             else:
                 s.followup[i] = s.t + 2
         return None
+
+    def _consent(self, i: int, window: int) -> None:
+        """Patient ``i`` consents; the consent lapses unless acted on within ``window`` days."""
+        s = self.s
+        s.consented[i] = True
+        s.funnel["consented"] += 1
+        s.followup[i] = s.t + window
+        self._schedule("consent_window_closes", window, i)
 
     def _enrol(self, i: int, site: int | None, fx: _StepEffects) -> None:
         s = self.s
