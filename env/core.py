@@ -381,6 +381,10 @@ class ClinicalRecruitmentEnv:
         self.s = snap.state.clone()
         self.rng.setstate(snap.rng_state)
 
+    def reseed(self, seed: int) -> None:
+        """Re-seed the step RNG (e.g. every branch of a group continues with the same random stream)."""
+        self.rng.seed(seed)
+
     @property
     def done(self) -> bool:
         return self.s is not None and self.s.done

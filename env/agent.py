@@ -1,0 +1,255 @@
+"""The clinical environment seen by an LLM agent: compact prompts, candidate actions and reward components.
+
+This module implements :class:`recruit_trl.protocol.EnvInterface` for :class:`env.ClinicalRecruitmentEnv`
+and registers it as ``"clinical"``. It is the only place where the plugin meets clinical details.
+
+* Rendering: one short block per decision (day, budget, enrolment vs target, funnel, pressures, sites,
+  plan and memory, and a digest of the last actions). Patients appear in the candidate list with their
+  visible attributes, so nothing is shown twice.
+* Candidate actions (the ``index`` contract): every listed action is legal in the current state (budget,
+  holds and capacity are checked), ordered from most to least productive: allocate, recontact (only
+  patients that can still consent or enrol), screen, strategy changes, plan, memory, stop. Every candidate
+  carries the hypothesis that matches the observed world type (the reference exposes it; see quirk 6) so the
+  model only chooses *what to do*.
+* Safe fallback: the first candidate (the most productive legal action), used when a model output cannot
+  be parsed; such steps are counted as invalid by the rollout.
+* Reward components per step: the environment reward, enrolment gain, screening successes, dropouts,
+  milestone bonus, hypothesis accuracy; plus the reference's action shaping for the sampled action
+  (+0.20 allocate, +0.15 recontact, +0.10 screen, -0.10 adjust_strategy while a productive action exists).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from env.core import ClinicalRecruitmentEnv
+from env.models import ACTION_TYPES, validate_action
+from env.policies import get_policy
+from env.tasks import PUBLIC_TASK_IDS, get_task
+from recruit_trl.protocol import register_env
+
+WORLD_HYPOTHESIS = {"noise": "noise_dominant", "site_bias": "site_bias", "dropout": "dropout_dominant"}
+SHAPING = {"allocate_to_site": 0.20, "recontact": 0.15, "screen_patient": 0.10}
+STRATEGIES = ("increase_outreach", "tighten_criteria")
+MAX_LISTED = 3  # patients listed per action kind (the observation shows up to 5): keeps prompts under ~400 tokens
+REWARD_FIELDS = (
+    "env_return",
+    "enrollment_gain",
+    "screen_success",
+    "dropout",
+    "milestone_bonus",
+    "hypothesis_accuracy",
+)
+
+SYSTEM_PROMPT = "You run a clinical-trial recruitment campaign, one action per day. Enrol patients within budget."
+
+
+def hypothesis_for(obs: Mapping[str, Any]) -> str:
+    """The hypothesis that matches the observed world type (``noise_dominant`` when it is hidden)."""
+    return WORLD_HYPOTHESIS.get(obs.get("world_type", ""), "noise_dominant")
+
+
+def site_rank_key(stats: Mapping[str, float]) -> float:
+    """Visible part of the environment's best-site score (capacity totals are not observable)."""
+    return stats["conversion_rate"] * stats["retention_rate"] / max(1.0, stats["avg_wait_days"])
+
+
+class ClinicalInterface:
+    """:class:`recruit_trl.protocol.EnvInterface` for the clinical recruitment environment."""
+
+    name = "clinical"
+    system_prompt = SYSTEM_PROMPT
+    reward_fields = REWARD_FIELDS
+    terminal_action_types = frozenset({"stop_recruitment"})
+
+    def __init__(self, fixes: Sequence[str] = ()) -> None:
+        self.fixes = tuple(fixes)
+
+    def make_env(self, task: str) -> ClinicalRecruitmentEnv:
+        return ClinicalRecruitmentEnv(task, fixes=self.fixes)
+
+    def tasks(self) -> Sequence[str]:
+        return PUBLIC_TASK_IDS
+
+    def action_types(self) -> Sequence[str]:
+        return ACTION_TYPES
+
+    def action_type(self, action: Mapping[str, Any]) -> str:
+        return str(action.get("action_type"))
+
+    def get_policy(self, name: str):
+        return get_policy(name)
+
+    # ------------------------------------------------------------------ rendering
+    def render(self, obs: Mapping[str, Any], recent: Sequence[str]) -> str:
+        funnel = obs["current_funnel"]
+        c = obs["active_constraints"]
+        sites = "; ".join(
+            f"{sid.removeprefix('site_')} conv {_dec(p['conversion_rate'])} wait {p['avg_wait_days']:.1f} "
+            f"cap {p['capacity_remaining']:.0f}"
+            for sid, p in obs["site_performance"].items()
+        )
+        lines = [
+            f"Day {obs['timestamp']}/{obs['max_steps']} | budget {_thousands(obs['budget_remaining'])}/"
+            f"{_thousands(obs['initial_budget'])} | enrolled {obs['enrolled_so_far']}/{obs['target_enrollment']}",
+            f"Funnel: screened {funnel['screened']} eligible {funnel['eligible']} consented {funnel['consented']} "
+            f"dropped {funnel['dropped']} | backlog {obs['screening_backlog']}",
+            f"Hold {c['regulatory_hold_days']} | competitor {_dec(c['competitor_pressure'])} | sentiment "
+            f"{_dec(c['sentiment_pressure'])} | uncertainty {_dec(obs['uncertainty_level'])} | dropout7d "
+            f"{_dec(obs['dropout_rate_7d'])}",
+            f"Sites: {sites}",
+            f"Plan {obs['current_plan'].get('target_phase', 'none')} | milestone {obs['active_milestone']} | "
+            f"memory {obs['indexed_memory_summary']['entries']}",
+        ]
+        if recent:
+            lines.append("Recent: " + "; ".join(recent))
+        return "\n".join(lines)
+
+    def describe_action(self, action: Mapping[str, Any], obs: Mapping[str, Any] | None = None) -> str:
+        """One line per action; with ``obs``, patients carry their visible attributes (for candidate lists)."""
+        kind = action.get("action_type")
+        pid = action.get("patient_id")
+        facts = _patient_facts(obs, kind, pid) if obs is not None else ""
+        if kind == "screen_patient":
+            return f"screen {pid}{facts}"
+        if kind == "recontact":
+            return f"recontact {pid}{facts}"
+        if kind == "allocate_to_site":
+            return f"allocate {pid} {action.get('site_id') or 'best site'}{facts}"
+        if kind == "adjust_strategy":
+            return f"strategy {action.get('strategy_change')}"
+        if kind == "plan_next_phase":
+            return f"plan {action.get('target_phase')}"
+        if kind == "summarize_and_index":
+            return f"save memory {action.get('memory_key')}"
+        if kind == "retrieve_relevant_history":
+            return f"recall memory {action.get('memory_query')}"
+        return f"stop (confidence {_dec(action.get('confidence', 0.5))})"
+
+    def outcome(self, info: Mapping[str, Any]) -> str:
+        error = info.get("last_action_error")
+        if error:
+            return error
+        b = info.get("reward_breakdown", {})
+        if b.get("enrolled_new"):
+            return "enrolled"
+        if b.get("dropout"):
+            return "dropout"
+        if b.get("screen_success"):
+            return "eligible"
+        return "ok"
+
+    # ------------------------------------------------------------------ actions
+    def candidate_actions(self, obs: Mapping[str, Any]) -> list[dict[str, Any]]:
+        task = get_task(obs["task_id"])
+        hyp = hypothesis_for(obs)
+        budget = obs["budget_remaining"]
+        hold = obs["active_constraints"]["regulatory_hold_days"] > 0
+
+        def act(kind: str, **fields: Any) -> dict[str, Any]:
+            return {"action_type": kind, "hypothesis": hyp, "confidence": 0.5, **fields}
+
+        open_sites = sorted(
+            (sid for sid, p in obs["site_performance"].items() if p["capacity_remaining"] > 0),
+            key=lambda sid: -site_rank_key(obs["site_performance"][sid]),
+        )
+        out: list[dict[str, Any]] = []
+        if open_sites and budget >= task.enrollment_cost:
+            for p in obs["allocation_candidates"][:MAX_LISTED]:
+                out.append(act("allocate_to_site", patient_id=p["id"], site_id=open_sites[0]))
+            if obs["allocation_candidates"]:  # the first patient may also go to the runner-up site
+                first = obs["allocation_candidates"][0]["id"]
+                out += [act("allocate_to_site", patient_id=first, site_id=sid) for sid in open_sites[1:2]]
+        if budget >= task.recontact_cost:
+            useful = [p for p in obs["recontact_candidates"] if p["eligible"] or p["consented"]]
+            out += [act("recontact", patient_id=p["id"]) for p in useful[:MAX_LISTED]]
+        if not hold and budget >= task.screening_cost:
+            out += [act("screen_patient", patient_id=p["id"]) for p in obs["available_patients"][:MAX_LISTED]]
+        if budget >= task.strategy_cost:
+            out += [act("adjust_strategy", strategy_change=s) for s in STRATEGIES]
+            if len(open_sites) > 1 and obs["active_constraints"]["focused_site"] != open_sites[0]:
+                out.append(act("adjust_strategy", strategy_change=f"focus_{open_sites[0]}"))
+            if obs["site_performance"]:
+                tight = min(
+                    obs["site_performance"], key=lambda sid: obs["site_performance"][sid]["capacity_remaining"]
+                )
+                out.append(act("adjust_strategy", strategy_change=f"negotiate_{tight}"))
+        phase = obs["current_plan"].get("target_phase") or "screening"
+        out.append(act("plan_next_phase", target_phase=phase))
+        out.append(act("summarize_and_index", memory_key=f"{phase}_{obs['active_milestone']}"))
+        if obs["indexed_memory_summary"]["entries"]:
+            out.append(act("retrieve_relevant_history", memory_query=phase))
+        progress = obs["enrolled_so_far"] / max(1, obs["target_enrollment"])
+        out.append(act("stop_recruitment", confidence=round(min(1.0, progress), 3)))
+        return out
+
+    def validate_action(self, payload: Mapping[str, Any], obs: Mapping[str, Any]) -> dict[str, Any]:
+        return validate_action(dict(payload))
+
+    def fallback_action(self, obs: Mapping[str, Any]) -> dict[str, Any]:
+        return self.candidate_actions(obs)[0]
+
+    # ------------------------------------------------------------------ rewards
+    def step_components(
+        self,
+        obs_before: Mapping[str, Any],
+        action: Mapping[str, Any],
+        obs: Mapping[str, Any],
+        reward: float,
+        info: Mapping[str, Any],
+    ) -> dict[str, float]:
+        b = info["reward_breakdown"]
+        return {
+            "env_return": reward,
+            "enrollment_gain": float(obs["enrolled_so_far"] - obs_before["enrolled_so_far"]),
+            "screen_success": float(b["screen_success"]),
+            "dropout": float(b["dropout"]),
+            "milestone_bonus": float(b["milestone_bonus"]),
+            "hypothesis_accuracy": float(obs["hypothesis_accuracy"]),
+        }
+
+    def action_shaping(self, obs: Mapping[str, Any], action: Mapping[str, Any]) -> float:
+        kind = action.get("action_type")
+        if kind in SHAPING:
+            return SHAPING[kind]
+        if kind == "adjust_strategy":
+            productive = any(c["action_type"] in SHAPING for c in self.candidate_actions(obs))
+            return -0.10 if productive else 0.0
+        return 0.0
+
+    def final_score(self, info: Mapping[str, Any]) -> float | None:
+        return info.get("final_score")
+
+
+def _thousands(x: float) -> str:
+    """``64100`` -> ``64.1k`` (budgets only need three significant digits in a prompt)."""
+    return f"{x / 1000:.1f}".removesuffix(".0") + "k"
+
+
+def _dec(x: float) -> str:
+    """Two decimals without the leading zero (``.46``): fewer tokens, same information."""
+    text = f"{x:.2f}"
+    return text[1:] if text.startswith("0.") else text
+
+
+def _patient_facts(obs: Mapping[str, Any], kind: str | None, pid: str | None) -> str:
+    if kind == "screen_patient":
+        for p in obs["available_patients"]:
+            if p["id"] == pid:
+                return f" elig {_dec(p['eligibility_score'])} risk {_dec(p['dropout_risk'])}"
+    elif kind == "recontact":
+        for p in obs["recontact_candidates"]:
+            if p["id"] == pid:
+                status = "consented" if p["consented"] else "eligible" if p["eligible"] else "failed"
+                due = f" due {p['followup_due_day']}" if p["followup_due_day"] is not None else ""
+                return f" {status}{due} risk {_dec(p['dropout_risk'])}"
+    elif kind == "allocate_to_site":
+        for p in obs["allocation_candidates"]:
+            if p["id"] == pid:
+                return f" risk {_dec(p['dropout_risk'])}"
+    return ""
+
+
+CLINICAL = ClinicalInterface()
+register_env("clinical", CLINICAL)

@@ -1,0 +1,166 @@
+"""Action contracts: how a model states its action, the strict parser, and the prompt it is shown.
+
+Two contracts:
+
+* ``index`` (default): the prompt lists the legal candidate actions with full arguments, numbered from 0,
+  and the model answers ``{"action_index": k}``. Cheap (a handful of tokens) and always legal once parsed.
+* ``json``: the model writes the environment's own action object (e.g. the reference's
+  ``{"action_type": "screen_patient", "patient_id": "P-1149", ...}``), validated by the environment.
+
+Parsing is strict: after stripping surrounding whitespace the text must be exactly one JSON object (no
+prose, no second object, no duplicate keys) that passes the schema (index: only the key ``action_index``
+holding an int in range). Anything else is *never* an exception: :func:`parse_action` returns the
+fallback policy's action with ``valid=False`` and a short reason, and the rollout counts and logs it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from recruit_trl.protocol import Action, EnvInterface, Observation
+
+CONTRACTS = ("index", "json")
+# Generation budgets per contract: {"action_index": 27} is 7-8 tokens with a small BPE tokenizer.
+MAX_NEW_TOKENS = {"index": 12, "json": 96}
+
+INDEX_INSTRUCTIONS = 'Reply with one JSON object {"action_index": N} choosing an action from the list.'
+JSON_INSTRUCTIONS = (
+    "Answer with exactly one JSON object: the action, with its action_type and arguments (patient_id, site_id, "
+    "strategy_change, target_phase, memory_key, memory_query, hypothesis, confidence)."
+)
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    """The action to execute and how it was obtained.
+
+    Attributes:
+        action: the action that is executed (the model's, or the fallback's when ``valid`` is False).
+        valid: the model's text parsed under the contract.
+        error: why it did not (``None`` when valid).
+        index: the chosen candidate's index (index contract), else ``None``.
+    """
+
+    action: Action
+    valid: bool
+    error: str | None = None
+    index: int | None = None
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def parse_json_object(text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """Exactly one JSON object (surrounding whitespace allowed); returns ``(object, None)`` or ``(None, reason)``."""
+    if not isinstance(text, str):
+        return None, "not_text"
+    stripped = text.strip()
+    if not stripped.startswith("{"):
+        return None, "no_json_object"
+    try:
+        obj = json.loads(stripped, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey:
+        return None, "duplicate_key"
+    except (json.JSONDecodeError, RecursionError):
+        return None, "malformed_json"
+    if not isinstance(obj, dict):
+        return None, "no_json_object"
+    return obj, None
+
+
+def parse_index(text: str, n_candidates: int) -> tuple[int | None, str | None]:
+    """Parse ``{"action_index": k}`` with ``0 <= k < n_candidates``; returns ``(k, None)`` or ``(None, reason)``."""
+    obj, error = parse_json_object(text)
+    if obj is None:
+        return None, error
+    if set(obj) != {"action_index"}:
+        return None, "wrong_keys"
+    k = obj["action_index"]
+    if type(k) is not int:
+        return None, "index_not_int"
+    if not 0 <= k < n_candidates:
+        return None, "index_out_of_range"
+    return k, None
+
+
+def parse_action(
+    text: str,
+    contract: str,
+    interface: EnvInterface,
+    obs: Observation,
+    candidates: Sequence[Action] | None = None,
+) -> ParsedAction:
+    """Turn model text into an action under ``contract``; never raises on bad model output."""
+    if contract == "index":
+        candidates = interface.candidate_actions(obs) if candidates is None else candidates
+        k, error = parse_index(text, len(candidates))
+        if k is None:
+            return ParsedAction(interface.fallback_action(obs), False, error)
+        return ParsedAction(candidates[k], True, None, k)
+    if contract == "json":
+        obj, error = parse_json_object(text)
+        if obj is None:
+            return ParsedAction(interface.fallback_action(obs), False, error)
+        try:
+            action = interface.validate_action(obj, obs)
+        except ValueError:
+            return ParsedAction(interface.fallback_action(obs), False, "schema_violation")
+        return ParsedAction(action, True)
+    raise ValueError(f"Unknown action contract {contract!r}; expected one of {CONTRACTS}")
+
+
+def completion_text(action: Action, contract: str, candidates: Sequence[Action]) -> str:
+    """The exact text a model should write to take ``action`` (SFT targets, tests).
+
+    Raises:
+        ValueError: for the index contract when ``action`` is not among ``candidates``.
+    """
+    if contract == "index":
+        try:
+            k = list(candidates).index(action)
+        except ValueError:
+            raise ValueError(f"action {action} is not a listed candidate") from None
+        return json.dumps({"action_index": k})
+    if contract == "json":
+        return json.dumps({k: v for k, v in action.items() if v is not None})
+    raise ValueError(f"Unknown action contract {contract!r}; expected one of {CONTRACTS}")
+
+
+def build_messages(
+    interface: EnvInterface,
+    obs: Observation,
+    recent: Sequence[str],
+    contract: str,
+    candidates: Sequence[Action] | None = None,
+) -> list[dict[str, str]]:
+    """The chat prompt for one decision: system prompt (+ answer format), then state (+ numbered candidates)."""
+    if contract not in CONTRACTS:
+        raise ValueError(f"Unknown action contract {contract!r}; expected one of {CONTRACTS}")
+    instructions = INDEX_INSTRUCTIONS if contract == "index" else JSON_INSTRUCTIONS
+    user = interface.render(obs, recent)
+    if contract == "index":
+        candidates = interface.candidate_actions(obs) if candidates is None else candidates
+        listing = "\n".join(f"{k}: {interface.describe_action(a, obs)}" for k, a in enumerate(candidates))
+        user = f"{user}\nActions:\n{listing}"
+    return [
+        {"role": "system", "content": f"{interface.system_prompt}\n{instructions}"},
+        {"role": "user", "content": user},
+    ]
+
+
+def digest(interface: EnvInterface, day: int, action: Action, info: Mapping[str, Any]) -> str:
+    """One entry of the "recent actions" digest: ``d12 screen P-1149: eligible``."""
+    return f"d{day} {interface.describe_action(action)}: {interface.outcome(info)}"

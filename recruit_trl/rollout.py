@@ -1,0 +1,406 @@
+"""TRL ``rollout_func`` implementations that wrap a multi-step environment.
+
+``branch`` mode (default). Each prompt is an anchor (a state somewhere in an episode). The rollout renders
+the state as a compact chat prompt, samples one action per repeated row with the current policy, and scores
+every sampled action from the *same* snapshot: apply it, then play ``horizon`` more days with a continuation
+policy. The environment RNG is re-seeded per group from (anchor, optimizer step, seed) and is therefore
+shared by every row of a group, even when TRL splits the group across processes (common random numbers:
+the comparison inside a group is fair and nothing is clairvoyant across groups).
+
+``window`` mode. ``turns`` consecutive decisions from an anchor form one multi-turn completion: model
+tokens (mask 1) alternate with the environment's reply rendered as the next user turn (``env_mask`` 0).
+Model tokens are never re-tokenised; environment text is tokenised on its own and spliced in.
+
+Both return ``prompt_ids``, ``completion_ids``, ``logprobs`` and extra per-row fields that reward functions
+receive as keyword arguments: every environment reward component summed over the scored steps, ``valid``
+(1.0 when the model's text parsed under the action contract), ``action_shaping`` (``None`` for invalid
+rows), ``final_score`` (``None`` unless the episode ended inside the horizon), ``action_type``,
+``action_error`` and ``scored_steps``.
+
+Invalid model output never raises: the environment interface's fallback action is played instead and the
+row is counted (``rollout/fallback_rate``). Collapse and cost metrics are logged through the trainer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from recruit_trl.anchors import Anchor, AnchorCache, AnchorState, anchor_from_prompt
+from recruit_trl.contracts import CONTRACTS, MAX_NEW_TOKENS, ParsedAction, build_messages, digest, parse_action
+from recruit_trl.generation import policy_for_generation, sample
+from recruit_trl.protocol import Action, EnvInterface, get_env_interface
+
+MODES = ("branch", "window")
+
+
+@dataclass
+class RolloutConfig:
+    """How samples are drawn from the environment (the recipe exposes these as command-line flags)."""
+
+    env: str = field(
+        default="env.agent:CLINICAL",
+        metadata={"help": "Environment interface: a registered name or 'package.module:attribute'."},
+    )
+    mode: str = field(default="branch", metadata={"help": "Rollout mode: 'branch' or 'window'."})
+    contract: str = field(default="index", metadata={"help": "Action contract: 'index' or 'json'."})
+    horizon: int = field(
+        default=8, metadata={"help": "Days played by the continuation policy after the sampled action(s)."}
+    )
+    continuation_policy: str = field(
+        default="heuristic", metadata={"help": "Policy (registered by the environment) that plays the horizon."}
+    )
+    window_turns: int = field(default=4, metadata={"help": "Model decisions per completion in window mode."})
+    recent_k: int = field(default=2, metadata={"help": "Recent actions shown in the prompt's digest."})
+    max_new_tokens: int | None = field(
+        default=None, metadata={"help": "Tokens per decision (default: 12 for 'index', 96 for 'json')."}
+    )
+    generation_chunk: int = field(default=64, metadata={"help": "Prompts per generate() call."})
+    rollout_seed: int = field(default=0, metadata={"help": "Mixed into every group's environment seed."})
+    enable_thinking: bool = field(
+        default=False, metadata={"help": "Passed to the chat template (Qwen3 thinks before answering when True)."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.contract not in CONTRACTS:
+            raise ValueError(f"contract must be one of {CONTRACTS}, got {self.contract!r}")
+        if self.horizon < 0 or self.window_turns < 1 or self.recent_k < 0:
+            raise ValueError("horizon and recent_k must be >= 0 and window_turns >= 1")
+
+    @property
+    def template_kwargs(self) -> dict:
+        return {"enable_thinking": self.enable_thinking}
+
+    @property
+    def decision_tokens(self) -> int:
+        return self.max_new_tokens or MAX_NEW_TOKENS[self.contract]
+
+
+def last(items: list, k: int) -> list:
+    """The last ``k`` items (``k == 0`` gives none, unlike ``items[-0:]``)."""
+    return items[len(items) - k :] if k > 0 else []
+
+
+def group_seed(anchor: Anchor, step: int, seed: int) -> int:
+    """Environment seed shared by every row of one group (same anchor, same optimizer step)."""
+    digest_ = hashlib.sha256(f"{anchor.key()}|{step}|{seed}".encode()).digest()
+    return int.from_bytes(digest_[:8], "little")
+
+
+class _Scorer:
+    """Plays sampled actions from anchor snapshots and sums the interface's reward components."""
+
+    def __init__(self, interface: EnvInterface, config: RolloutConfig, cache: AnchorCache) -> None:
+        self.interface = interface
+        self.config = config
+        self.cache = cache
+        self.continuation = interface.get_policy(config.continuation_policy)
+        self.env_seconds = 0.0
+        self.env_steps = 0
+
+    def start(self, anchor: Anchor, state: AnchorState, seed: int):
+        env = self.cache.env(anchor.task)
+        env.restore(state.snapshot)
+        env.reseed(seed)
+        return env
+
+    def apply(self, env, obs: dict, parsed: ParsedAction) -> tuple[ParsedAction, tuple]:
+        """Step the parsed action; an action the environment rejects is replaced by the fallback (invalid)."""
+        t0 = time.perf_counter()
+        try:
+            result = env.step(parsed.action)
+        except ValueError as exc:
+            parsed = ParsedAction(self.interface.fallback_action(obs), False, f"env_rejected: {exc}"[:80])
+            result = env.step(parsed.action)
+        self.env_seconds += time.perf_counter() - t0
+        self.env_steps += 1
+        return parsed, result
+
+    def continue_(self, env, obs: dict, totals: dict[str, float], seed: int, days: int) -> tuple[int, dict]:
+        """Play ``days`` days with the continuation policy; returns (steps played, last info)."""
+        t0 = time.perf_counter()
+        rng = random.Random(seed)
+        info: dict = {}
+        played = 0
+        for _ in range(days):
+            action = self.continuation(obs, rng)
+            new_obs, reward, terminated, truncated, info = env.step(action)
+            _add(totals, self.interface.step_components(obs, action, new_obs, reward, info))
+            obs = new_obs
+            played += 1
+            if terminated or truncated:
+                break
+        self.env_seconds += time.perf_counter() - t0
+        self.env_steps += played
+        return played, info
+
+
+def _add(totals: dict[str, float], components: dict[str, float]) -> None:
+    for key, value in components.items():
+        totals[key] = totals.get(key, 0.0) + value
+
+
+class _RolloutBase:
+    def __init__(self, config: RolloutConfig | None = None, interface: EnvInterface | None = None) -> None:
+        self.config = config or RolloutConfig()
+        self.interface = interface or get_env_interface(self.config.env)
+        self.cache = AnchorCache(self.interface, recent_k=self.config.recent_k)
+        self.scorer = _Scorer(self.interface, self.config, self.cache)
+        self._prompt_ids: dict[str, list[int]] = {}
+
+    # ------------------------------------------------------------------ helpers
+    def encode_messages(self, tokenizer, messages: list[dict[str, str]]) -> list[int]:
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **self.config.template_kwargs
+        )
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prompt_for(self, tokenizer, anchor: Anchor, state: AnchorState, candidates: Sequence[Action]) -> list[int]:
+        key = anchor.key()
+        if key not in self._prompt_ids:
+            messages = build_messages(self.interface, state.obs, state.recent, self.config.contract, candidates)
+            self._prompt_ids[key] = self.encode_messages(tokenizer, messages)
+            if len(self._prompt_ids) > 8192:
+                self._prompt_ids.pop(next(iter(self._prompt_ids)))
+        return self._prompt_ids[key]
+
+    def log_metrics(
+        self, trainer, rows: list[dict[str, Any]], seconds: float, gen_tokens: int, decisions: int
+    ) -> None:
+        """Collapse and cost metrics, averaged over processes by TRL (``_log_metric``)."""
+        log = getattr(trainer, "_log_metric", None)
+        if log is None or not rows:
+            return
+        n = len(rows)
+        log("rollout/fallback_rate", sum(1 for r in rows if not r["valid"]) / n)
+        log("rollout/invalid_action_rate", sum(1 for r in rows if not r["valid"] or r["action_error"]) / n)
+        counts = Counter(r["action_type"] for r in rows)
+        for kind in self.interface.action_types():
+            log(f"rollout/action_type/{kind}", counts.get(kind, 0) / n)
+        entropy = -sum(c / n * math.log(c / n) for c in counts.values())
+        log("rollout/action_entropy", entropy)
+        log("rollout/action_entropy_normalized", entropy / math.log(max(2, len(self.interface.action_types()))))
+        log("rollout/env_time_share", self.scorer.env_seconds / seconds if seconds > 0 else 0.0)
+        log("rollout/env_steps_per_row", self.scorer.env_steps / n)
+        log("rollout/gen_tokens_per_decision", gen_tokens / max(1, decisions))
+        log("rollout/seconds", seconds)
+
+
+class BranchRollout(_RolloutBase):
+    """``rollout_func`` for branch mode: one sampled action per row, scored from the anchor's snapshot.
+
+    Args:
+        config: rollout settings; ``config.env`` names the environment interface.
+        interface: an interface object (overrides ``config.env``).
+
+    Call it as TRL does: ``rollout(prompts, trainer) -> dict``. It can also be called with
+    ``trainer=None`` and explicit ``model``/``tokenizer``/``generation_config`` (tests, benchmarks).
+    """
+
+    def __call__(self, prompts: list, trainer=None, *, model=None, tokenizer=None, generation_config=None, step=None):
+        start = time.perf_counter()
+        self.scorer.env_seconds, self.scorer.env_steps = 0.0, 0
+        tokenizer = tokenizer or trainer.processing_class
+        step = step if step is not None else (trainer.state.global_step if trainer is not None else 0)
+        anchors = [anchor_from_prompt(p) for p in prompts]
+        t0 = time.perf_counter()
+        states = [self.cache.get(a) for a in anchors]
+        candidates = [self.interface.candidate_actions(s.obs) for s in states]
+        self.scorer.env_seconds += time.perf_counter() - t0
+        prompt_ids = [self.prompt_for(tokenizer, a, s, c) for a, s, c in zip(anchors, states, candidates, strict=True)]
+
+        completion_ids, logprobs = self._generate(trainer, model, tokenizer, generation_config, prompt_ids)
+        texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+
+        rows = []
+        for anchor, state, cands, text in zip(anchors, states, candidates, texts, strict=True):
+            parsed = parse_action(text, self.config.contract, self.interface, state.obs, cands)
+            rows.append(self._score(anchor, state, parsed, step))
+        out: dict[str, Any] = {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
+        for name in (*self.interface.reward_fields, "valid", "action_shaping", "final_score", "action_type",
+                     "action_error", "scored_steps"):  # fmt: skip
+            out[name] = [r[name] for r in rows]
+        gen_tokens = sum(len(c) for c in completion_ids)
+        self.log_metrics(trainer, rows, time.perf_counter() - start, gen_tokens, len(rows))
+        return out
+
+    def _generate(self, trainer, model, tokenizer, generation_config, prompt_ids):
+        n_tokens = self.config.decision_tokens
+        chunk = self.config.generation_chunk
+        if trainer is None:
+            return sample(model, tokenizer, prompt_ids, generation_config, n_tokens, chunk)
+        if getattr(trainer, "use_vllm", False):
+            raise NotImplementedError("recruit_trl rollouts generate with transformers; set use_vllm=False.")
+        with policy_for_generation(trainer) as policy:
+            return sample(policy, tokenizer, prompt_ids, trainer.generation_config, n_tokens, chunk)
+
+    def _score(self, anchor: Anchor, state: AnchorState, parsed: ParsedAction, step: int) -> dict[str, Any]:
+        seed = group_seed(anchor, step, self.config.rollout_seed)
+        env = self.scorer.start(anchor, state, seed)
+        parsed, (obs, reward, terminated, truncated, info) = self.scorer.apply(env, state.obs, parsed)
+        totals = {name: 0.0 for name in self.interface.reward_fields}
+        _add(totals, self.interface.step_components(state.obs, parsed.action, obs, reward, info))
+        row = dict(totals)
+        row["action_error"] = info.get("last_action_error")
+        scored = 1
+        if not (terminated or truncated):
+            played, last_info = self.scorer.continue_(env, obs, totals, seed, self.config.horizon)
+            scored += played
+            row.update(totals)
+            if last_info:
+                info = last_info
+        row["valid"] = 1.0 if parsed.valid else 0.0
+        row["action_shaping"] = self.interface.action_shaping(state.obs, parsed.action) if parsed.valid else None
+        row["final_score"] = self.interface.final_score(info)
+        row["action_type"] = self.interface.action_type(parsed.action)
+        row["scored_steps"] = scored
+        return row
+
+
+class WindowRollout(_RolloutBase):
+    """``rollout_func`` for window mode: ``window_turns`` decisions per completion, environment text masked.
+
+    Every row plays its own trajectory from the anchor (the group shares the environment seed). After the
+    window, ``horizon`` more days are played by the continuation policy, as in branch mode.
+    """
+
+    def __call__(self, prompts: list, trainer=None, *, model=None, tokenizer=None, generation_config=None, step=None):
+        start = time.perf_counter()
+        self.scorer.env_seconds, self.scorer.env_steps = 0.0, 0
+        tokenizer = tokenizer or trainer.processing_class
+        step = step if step is not None else (trainer.state.global_step if trainer is not None else 0)
+        anchors = [anchor_from_prompt(p) for p in prompts]
+        states = [self.cache.get(a) for a in anchors]
+        n = len(anchors)
+        seeds = [group_seed(a, step, self.config.rollout_seed) for a in anchors]
+        envs = [self.interface.make_env(a.task) for a in anchors]
+        for env, state, seed in zip(envs, states, seeds, strict=True):
+            env.restore(state.snapshot)
+            env.reseed(seed)
+        obs = [s.obs for s in states]
+        recent = [list(s.recent) for s in states]
+        candidates = [self.interface.candidate_actions(o) for o in obs]
+        prompt_ids = [self.prompt_for(tokenizer, a, s, c) for a, s, c in zip(anchors, states, candidates, strict=True)]
+        completion_ids: list[list[int]] = [[] for _ in range(n)]
+        env_mask: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        totals = [{name: 0.0 for name in self.interface.reward_fields} for _ in range(n)]
+        rows: list[dict[str, Any]] = [
+            {"valid_turns": 0, "turns": 0, "first": None, "action_error": None, "info": {}, "done": False}
+            for _ in range(n)
+        ]
+        day = [s.day for s in states]
+        stop_ids = {tokenizer.eos_token_id}
+        for turn in range(self.config.window_turns):
+            active = [i for i in range(n) if not rows[i]["done"]]
+            if not active:
+                break
+            contexts = [prompt_ids[i] + completion_ids[i] for i in active]
+            new_ids, new_logps = self._generate(trainer, model, tokenizer, generation_config, contexts)
+            texts = tokenizer.batch_decode(new_ids, skip_special_tokens=True)
+            for i, ids, lps, text in zip(active, new_ids, new_logps, texts, strict=True):
+                completion_ids[i] += ids
+                env_mask[i] += [1] * len(ids)
+                logprobs[i] += lps
+                parsed = parse_action(text, self.config.contract, self.interface, obs[i], candidates[i])
+                before = obs[i]
+                parsed, (obs_i, reward, terminated, truncated, info) = self.scorer.apply(envs[i], before, parsed)
+                _add(totals[i], self.interface.step_components(before, parsed.action, obs_i, reward, info))
+                row = rows[i]
+                row["turns"] += 1
+                row["valid_turns"] += int(parsed.valid)
+                row["info"] = info
+                if row["first"] is None:
+                    row["first"] = (before, parsed)
+                    row["action_error"] = info.get("last_action_error")
+                recent[i] = last(
+                    [*recent[i], digest(self.interface, day[i], parsed.action, info)], self.config.recent_k
+                )
+                day[i] += 1
+                obs[i] = obs_i
+                if terminated or truncated:
+                    row["done"] = True
+                    continue
+                if turn + 1 < self.config.window_turns:
+                    candidates[i] = self.interface.candidate_actions(obs_i)
+                    messages = build_messages(self.interface, obs_i, recent[i], self.config.contract, candidates[i])
+                    env_ids = self._env_turn_ids(tokenizer, messages[-1]["content"], ids[-1] in stop_ids)
+                    completion_ids[i] += env_ids
+                    env_mask[i] += [0] * len(env_ids)
+                    logprobs[i] += [0.0] * len(env_ids)
+        out_rows = []
+        for i in range(n):
+            row, tot = rows[i], totals[i]
+            info = row["info"]
+            if not row["done"] and self.config.horizon:
+                played, last_info = self.scorer.continue_(envs[i], obs[i], tot, seeds[i], self.config.horizon)
+                row["turns_scored"] = row["turns"] + played
+                if last_info:
+                    info = last_info
+            first_obs, first = row["first"]
+            out = dict(tot)
+            out["valid"] = row["valid_turns"] / max(1, row["turns"])
+            out["action_shaping"] = self.interface.action_shaping(first_obs, first.action) if first.valid else None
+            out["final_score"] = self.interface.final_score(info)
+            out["action_type"] = self.interface.action_type(first.action)
+            out["action_error"] = row["action_error"]
+            out["scored_steps"] = row.get("turns_scored", row["turns"])
+            out_rows.append(out)
+        result: dict[str, Any] = {
+            "prompt_ids": prompt_ids,
+            "completion_ids": completion_ids,
+            "logprobs": logprobs,
+            "env_mask": env_mask,
+        }
+        for name in (*self.interface.reward_fields, "valid", "action_shaping", "final_score", "action_type",
+                     "action_error", "scored_steps"):  # fmt: skip
+            result[name] = [r[name] for r in out_rows]
+        gen_tokens = sum(sum(m) for m in env_mask)
+        decisions = sum(r["turns"] for r in rows)
+        self.log_metrics(trainer, out_rows, time.perf_counter() - start, gen_tokens, decisions)
+        return result
+
+    _generate = BranchRollout._generate
+
+    def _env_turn_ids(self, tokenizer, user_content: str, ends_with_eos: bool) -> list[int]:
+        """Token ids of the environment's turn, as the chat template places them after the model's turn."""
+        before, after = env_turn_template(tokenizer, self.config.template_kwargs)
+        text = before + user_content + after
+        if not ends_with_eos:  # the model hit its token budget: close its turn before the environment speaks
+            text = tokenizer.eos_token + text
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def env_turn_template(tokenizer, chat_template_kwargs: dict) -> tuple[str, str]:
+    """``(before, after)``: the chat template's text around a user message that follows the model's EOS.
+
+    Rendered from the tokenizer's own template, so any ChatML-like format works: for Qwen-style ChatML this is
+    ``("\\n<|im_start|>user\\n", "<|im_end|>\\n<|im_start|>assistant\\n")``.
+    """
+    user_mark, model_mark = "\x00", "\x01"
+    convo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": model_mark}]
+    full = tokenizer.apply_chat_template(
+        [*convo, {"role": "user", "content": user_mark}], add_generation_prompt=True, tokenize=False,
+        **chat_template_kwargs,
+    )  # fmt: skip
+    head, after = full.split(user_mark, 1)
+    between = head.split(model_mark, 1)[1]
+    eos = tokenizer.eos_token or ""
+    before = between[len(eos) :] if between.startswith(eos) else between
+    return before, after
+
+
+ROLLOUTS = {"branch": BranchRollout, "window": WindowRollout}
+
+
+def make_rollout(config: RolloutConfig, interface: EnvInterface | None = None) -> BranchRollout | WindowRollout:
+    """The rollout function for ``config.mode``."""
+    return ROLLOUTS[config.mode](config, interface)

@@ -1,0 +1,142 @@
+"""Teacher traces: episodes played by a policy, rendered exactly as the rollouts render prompts.
+
+Each row is ``{"messages": [system, user], "completion": text, "task", "seed", "day", "action_type"}`` where
+``completion`` is the answer under the action contract that takes the teacher's action. The same rows
+warm up the tiny offline model and feed the SFT warm start, so the model sees the RL prompt format from
+its first step.
+
+With the ``index`` contract the teacher's action must be one of the listed candidates. A teacher that
+speaks in free actions is matched to the candidate with the same action type and arguments (hypothesis
+and confidence ignored); a step without a match is played but not recorded (counted in ``skipped``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from recruit_trl.contracts import build_messages, completion_text, digest
+from recruit_trl.protocol import Action, EnvInterface, Observation
+
+MATCH_FIELDS = (
+    "action_type",
+    "patient_id",
+    "site_id",
+    "strategy_change",
+    "target_phase",
+    "memory_key",
+    "memory_query",
+)
+# A candidate teacher picks an index into the interface's candidate list (obs, candidates, rng) -> int.
+CandidateTeacher = Callable[[Observation, Sequence[Action], random.Random], int]
+
+
+def first_candidate(obs: Observation, candidates: Sequence[Action], rng: random.Random) -> int:
+    """The safe agent: the first (most productive) legal candidate."""
+    return 0
+
+
+def match_candidate(action: Action, candidates: Sequence[Action]) -> int | None:
+    """Index of the candidate taking the same action as ``action`` (ignoring hypothesis/confidence)."""
+    key = tuple(action.get(f) for f in MATCH_FIELDS)
+    for k, cand in enumerate(candidates):
+        if tuple(cand.get(f) for f in MATCH_FIELDS) == key:
+            return k
+    return None
+
+
+@dataclass
+class TraceStats:
+    episodes: int = 0
+    steps: int = 0
+    recorded: int = 0
+    skipped: int = 0
+    action_types: dict[str, int] = field(default_factory=dict)
+
+
+def collect_traces(
+    interface: EnvInterface,
+    tasks: Sequence[str],
+    seeds: Iterable[int],
+    *,
+    teacher: str | Callable | None = None,
+    candidate_teacher: CandidateTeacher | None = None,
+    contract: str = "index",
+    recent_k: int = 2,
+    epsilon: float = 0.0,
+    max_days: int | None = None,
+    rng_seed: int = 0,
+    stats: TraceStats | None = None,
+) -> list[dict[str, Any]]:
+    """Play full episodes and record one row per decision.
+
+    Args:
+        interface: the environment interface.
+        tasks, seeds: episodes to play (every task x seed).
+        teacher: a policy name registered by the environment (or a ``policy(obs, rng)`` callable) that
+            speaks in free actions; ``None`` uses ``candidate_teacher``.
+        candidate_teacher: picks a candidate index (default :func:`first_candidate`).
+        contract: ``"index"`` or ``"json"``.
+        recent_k: recent actions in the prompt's digest (as in the rollouts).
+        epsilon: with this probability a uniformly random candidate is played instead (recorded as such),
+            which widens the state distribution and the action prior.
+        max_days: stop each episode after this many days.
+        rng_seed: seeds the teacher's and epsilon's RNG.
+        stats: filled with counts when given.
+    """
+    stats = stats if stats is not None else TraceStats()
+    rng = random.Random(rng_seed)
+    policy = interface.get_policy(teacher) if isinstance(teacher, str) else teacher
+    pick = candidate_teacher or first_candidate
+    rows: list[dict[str, Any]] = []
+    for task in tasks:
+        env = interface.make_env(task)
+        for seed in seeds:
+            obs, _ = env.reset(seed=seed)
+            recent: list[str] = []
+            day = 0
+            done = False
+            stats.episodes += 1
+            while not done and (max_days is None or day < max_days):
+                candidates = interface.candidate_actions(obs)
+                explorable = [
+                    i
+                    for i, c in enumerate(candidates)
+                    if interface.action_type(c) not in interface.terminal_action_types
+                ]
+                if epsilon and explorable and rng.random() < epsilon:
+                    k: int | None = rng.choice(explorable)
+                    action = candidates[k]
+                elif policy is not None:
+                    action = policy(obs, rng)
+                    k = match_candidate(action, candidates)
+                else:
+                    k = pick(obs, candidates, rng)
+                    action = candidates[k]
+                if contract == "json" or k is not None:
+                    shown = recent[len(recent) - recent_k :] if recent_k > 0 else []
+                    rows.append(
+                        {
+                            "messages": build_messages(interface, obs, shown, contract, candidates),
+                            "completion": completion_text(
+                                action if contract == "json" else candidates[k], contract, candidates
+                            ),
+                            "task": task,
+                            "seed": seed,
+                            "day": day,
+                            "action_type": interface.action_type(action),
+                        }
+                    )
+                    stats.recorded += 1
+                    kind = interface.action_type(action)
+                    stats.action_types[kind] = stats.action_types.get(kind, 0) + 1
+                else:
+                    stats.skipped += 1
+                obs, _, terminated, truncated, info = env.step(action)
+                recent.append(digest(interface, day, action, info))
+                day += 1
+                stats.steps += 1
+                done = terminated or truncated
+    return rows

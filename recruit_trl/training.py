@@ -1,0 +1,142 @@
+"""Shared wiring for the recipes: script arguments, model resolution, anchors, CPU defaults, trainer metrics.
+
+The recipes (``recipes/*.py``) stay readable top to bottom; the pieces they share live here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from recruit_trl.anchors import AnchorCache, anchor_dataset, build_anchors
+from recruit_trl.protocol import EnvInterface
+from recruit_trl.rollout import RolloutConfig
+from recruit_trl.traces import collect_traces
+
+DEFAULT_REWARDS = ("env_return_reward", "format_reward", "action_shaping_reward", "final_score_reward")
+# Bump when the environment's prompt rendering changes: the cached tiny model was warmed on the old text.
+RENDER_VERSION = "render-1"
+
+
+def parse_int_ranges(spec: str) -> list[int]:
+    """``"0-15"``, ``"0-170:10"`` (step), ``"3,7,9-11"`` -> a sorted list of ints.
+
+    Raises:
+        ValueError: with the offending part.
+    """
+    out: set[int] = set()
+    for part in str(spec).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?(?::(\d+))?", part)
+        if not m:
+            raise ValueError(f"bad range {part!r} in {spec!r}: use forms like 0-15, 0-170:10 or 3,7,9-11")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) else lo
+        step = int(m.group(3)) if m.group(3) else 1
+        if hi < lo or step < 1:
+            raise ValueError(f"bad range {part!r} in {spec!r}: the end must be >= the start and the step >= 1")
+        out.update(range(lo, hi + 1, step))
+    return sorted(out)
+
+
+@dataclass
+class ScriptArguments(RolloutConfig):
+    """Recipe arguments beyond ``GRPOConfig`` and ``ModelConfig`` (rollout settings are inherited)."""
+
+    tasks: list[str] = field(
+        default_factory=lambda: ["easy_bench", "medium_bench", "hard_bench"],
+        metadata={"help": "Tasks the anchors are drawn from."},
+    )
+    anchor_seeds: str = field(default="100-107", metadata={"help": "Reset seeds of the anchors (0..99 are for eval)."})
+    anchor_days: str = field(default="0-170:10", metadata={"help": "Days of the anchors, e.g. 0-170:10."})
+    anchor_policy: str = field(default="heuristic", metadata={"help": "Policy that plays the days before an anchor."})
+    reward_funcs: list[str] = field(
+        default_factory=lambda: list(DEFAULT_REWARDS),
+        metadata={"help": "Reward functions from the `rewards` package, weighted by --reward_weights."},
+    )
+    tiny_corpus_seeds: int = field(
+        default=24, metadata={"help": "Episodes per task in the tiny model's warm-up corpus (model 'tiny' only)."}
+    )
+    tiny_build_steps: int = field(default=1500, metadata={"help": "Warm-up optimizer steps of the tiny model."})
+    sft_adapter: str | None = field(
+        default=None, metadata={"help": "A LoRA adapter (e.g. from recipes/sft_clinical.py) to start from."}
+    )
+
+
+def tiny_corpus_fn(interface: EnvInterface, tasks, episodes_per_task: int, contract: str, recent_k: int):
+    """The tiny model's warm-up corpus: safe-agent traces with 30% random candidates, on seeds 200+."""
+
+    def corpus() -> list[dict[str, Any]]:
+        return collect_traces(
+            interface, tasks, range(200, 200 + episodes_per_task), contract=contract, recent_k=recent_k, epsilon=0.3
+        )
+
+    return corpus
+
+
+def resolve_policy_model(name_or_path: str, args: ScriptArguments, interface: EnvInterface) -> str:
+    """``tiny`` (built and cached on first use), ``smollm2``, or a local folder / hub id, as a local path."""
+    from recruit_trl.models import resolve_model
+
+    if name_or_path.strip().lower() != "tiny":
+        return resolve_model(name_or_path)
+    corpus = tiny_corpus_fn(interface, args.tasks, args.tiny_corpus_seeds, args.contract, args.recent_k)
+    return resolve_model(
+        "tiny",
+        corpus_fn=corpus,
+        version_key=f"{RENDER_VERSION}-{interface.name}-{args.contract}-{args.recent_k}-{args.tiny_corpus_seeds}",
+        max_steps=args.tiny_build_steps,
+    )
+
+
+def make_anchor_dataset(args: ScriptArguments, interface: EnvInterface, cache: AnchorCache | None = None):
+    """Anchors over ``args.tasks`` x seeds x days whose prefix does not end the episode, as a Dataset."""
+    anchors = build_anchors(
+        interface,
+        args.tasks,
+        parse_int_ranges(args.anchor_seeds),
+        parse_int_ranges(args.anchor_days),
+        policy=args.anchor_policy,
+        cache=cache,
+    )
+    if not anchors:
+        raise ValueError("No anchors: every (task, seed, day) prefix ended its episode; use earlier --anchor_days.")
+    return anchor_dataset(anchors)
+
+
+def cpu_defaults() -> dict[str, Any]:
+    """GRPOConfig values that make a plain CPU run work and learn (see shared TRL facts)."""
+    import torch
+
+    defaults: dict[str, Any] = {
+        "output_dir": "outputs/grpo_clinical",
+        "learning_rate": 5e-4,
+        "per_device_train_batch_size": 32,
+        "num_generations": 8,
+        "max_steps": 30,
+        "max_completion_length": 12,
+        "beta": 0.0,
+        "temperature": 1.0,
+        "logging_steps": 1,
+        "save_steps": 10,
+        "report_to": "none",
+        "gradient_checkpointing": False,
+        "seed": 0,
+    }
+    if not torch.cuda.is_available():
+        defaults.update({"bf16": False, "use_cpu": True})
+    return defaults
+
+
+def model_defaults() -> dict[str, Any]:
+    """ModelConfig values: the tiny local model with LoRA on every linear layer."""
+    return {
+        "model_name_or_path": "tiny",
+        "use_peft": True,
+        "lora_r": 16,
+        "lora_alpha": 32,
+        "lora_target_modules": ["all-linear"],
+    }

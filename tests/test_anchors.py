@@ -1,0 +1,50 @@
+"""Anchors travel as prompt keys and are rebuilt deterministically (replay + snapshot cache)."""
+
+from __future__ import annotations
+
+import pytest
+
+import env.agent  # noqa: F401
+from recruit_trl.anchors import Anchor, AnchorCache, anchor_dataset, anchor_from_prompt, build_anchors
+from recruit_trl.protocol import get_env_interface
+from recruit_trl.training import parse_int_ranges
+
+INTERFACE = get_env_interface("clinical")
+
+
+def test_key_round_trip_and_prompt_forms():
+    a = Anchor("hard_bench", 7, 42, "random", 3)
+    assert Anchor.from_key(a.key()) == a
+    assert anchor_from_prompt(a.key()) == a
+    assert anchor_from_prompt([{"role": "user", "content": a.key()}]) == a
+    with pytest.raises(ValueError, match="not an anchor"):
+        anchor_from_prompt("screen patient P-1000 please")
+
+
+def test_replay_is_deterministic_and_cached():
+    a = Anchor("medium_bench", 3, 25, "random", 1)
+    first = AnchorCache(INTERFACE).get(a)
+    cache = AnchorCache(INTERFACE)
+    second = cache.get(a)
+    assert first.obs == second.obs and first.recent == second.recent and first.day == 25
+    assert cache.get(a) is second and cache.hits == 1 and cache.misses == 1
+    env = cache.env("medium_bench")
+    env.restore(second.snapshot)
+    assert env._observation() == second.obs
+
+
+def test_build_anchors_drops_finished_prefixes_and_makes_a_dataset():
+    anchors = build_anchors(INTERFACE, ["hard_bench_stage_30"], [0, 1], [0, 10, 40])
+    assert {a.day for a in anchors} == {0, 10}  # day 40 is past the 30-day horizon
+    ds = anchor_dataset(anchors)
+    assert ds.column_names == ["prompt", "task", "seed", "day", "policy"]
+    assert Anchor.from_key(ds[0]["prompt"]) == anchors[0]
+
+
+def test_parse_int_ranges():
+    assert parse_int_ranges("0-4") == [0, 1, 2, 3, 4]
+    assert parse_int_ranges("0-20:10, 3") == [0, 3, 10, 20]
+    with pytest.raises(ValueError, match="bad range"):
+        parse_int_ranges("5-1")
+    with pytest.raises(ValueError, match="bad range"):
+        parse_int_ranges("a-b")

@@ -1,0 +1,105 @@
+"""Action contracts: the strict parser, the fallback, prompt building and SFT targets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import env.agent  # noqa: F401  (registers the "clinical" interface)
+from env import ClinicalRecruitmentEnv
+from recruit_trl.contracts import build_messages, completion_text, parse_action, parse_index, parse_json_object
+from recruit_trl.protocol import get_env_interface
+
+INTERFACE = get_env_interface("clinical")
+
+
+@pytest.fixture(scope="module")
+def obs():
+    env = ClinicalRecruitmentEnv("medium_bench")
+    obs, _ = env.reset(seed=3)
+    for _ in range(6):
+        obs, *_ = env.step(INTERFACE.fallback_action(obs))
+    return obs
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"action_index": 3}', (3, None)),
+        ('  {"action_index":0}\n', (0, None)),
+        ('{"action_index": 9}', (None, "index_out_of_range")),
+        ('{"action_index": -1}', (None, "index_out_of_range")),
+        ('{"action_index": "3"}', (None, "index_not_int")),
+        ('{"action_index": true}', (None, "index_not_int")),
+        ('{"action_index": 3.0}', (None, "index_not_int")),
+        ('{"action_index": 3, "why": "x"}', (None, "wrong_keys")),
+        ('{"action_index": 3, "action_index": 4}', (None, "duplicate_key")),
+        ('{"action_index": 3}{"action_index": 4}', (None, "malformed_json")),
+        ('Sure! {"action_index": 3}', (None, "no_json_object")),
+        ("[3]", (None, "no_json_object")),
+        ("", (None, "no_json_object")),
+        ('{"action_index": 3', (None, "malformed_json")),
+    ],
+)
+def test_parse_index_is_strict(text, expected):
+    assert parse_index(text, 5) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=60))
+def test_arbitrary_text_never_raises_and_falls_back(obs, text):
+    candidates = INTERFACE.candidate_actions(obs)
+    for contract in ("index", "json"):
+        parsed = parse_action(text, contract, INTERFACE, obs, candidates)
+        assert isinstance(parsed.action, dict)
+        if not parsed.valid:
+            assert parsed.action == INTERFACE.fallback_action(obs)
+            assert parsed.error
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(-5, 40))
+def test_index_json_round_trip(obs, k):
+    candidates = INTERFACE.candidate_actions(obs)
+    parsed = parse_action(json.dumps({"action_index": k}), "index", INTERFACE, obs, candidates)
+    assert parsed.valid == (0 <= k < len(candidates))
+    if parsed.valid:
+        assert parsed.action == candidates[k] and parsed.index == k
+
+
+def test_json_contract_validates_through_the_environment(obs):
+    good = '{"action_type": "screen_patient", "patient_id": "P-1000", "hypothesis": "site_bias"}'
+    parsed = parse_action(good, "json", INTERFACE, obs)
+    assert parsed.valid and parsed.action["patient_id"] == "P-1000" and parsed.action["confidence"] == 0.5
+    bad = parse_action('{"action_type": "teleport"}', "json", INTERFACE, obs)
+    assert not bad.valid and bad.error == "schema_violation"
+    assert parse_json_object("null") == (None, "no_json_object")
+
+
+def test_candidates_are_legal_and_listed(obs):
+    candidates = INTERFACE.candidate_actions(obs)
+    messages = build_messages(INTERFACE, obs, ["d5 screen P-1: ok"], "index", candidates)
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert '{"action_index": N}' in messages[0]["content"]
+    for k in range(len(candidates)):
+        assert f"\n{k}: " in messages[1]["content"]
+    for cand in candidates:  # every listed action is accepted by the environment without an error
+        env = ClinicalRecruitmentEnv("medium_bench")
+        env.reset(seed=3)
+        for _ in range(6):
+            env.step(INTERFACE.fallback_action(env._observation()))
+        _, _, _, _, info = env.step(cand)
+        assert info["last_action_error"] is None, (cand, info["last_action_error"])
+
+
+def test_completion_text_targets(obs):
+    candidates = INTERFACE.candidate_actions(obs)
+    assert completion_text(candidates[2], "index", candidates) == '{"action_index": 2}'
+    assert (
+        json.loads(completion_text(candidates[0], "json", candidates))["action_type"] == candidates[0]["action_type"]
+    )
+    with pytest.raises(ValueError, match="not a listed candidate"):
+        completion_text({"action_type": "stop_recruitment", "confidence": 0.123}, "index", candidates)

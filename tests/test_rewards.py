@@ -1,0 +1,59 @@
+"""Reward functions read the rollout's extra fields, pass None through, and fail clearly without them."""
+
+from __future__ import annotations
+
+import pytest
+
+import rewards
+from rewards import (
+    action_shaping_reward,
+    dropout_penalty,
+    enrollment_reward,
+    env_return_reward,
+    final_score_reward,
+    format_reward,
+    get_reward_funcs,
+    hypothesis_reward,
+    milestone_reward,
+    screening_reward,
+)
+
+FIELDS = {
+    "env_return": [1.25, -0.5, None],
+    "enrollment_gain": [2.0, -1.0, 0.0],
+    "screen_success": [1.0, 0.0, 3.0],
+    "dropout": [0.0, 2.0, 1.0],
+    "milestone_bonus": [0.02, 0.0, 0.05],
+    "hypothesis_accuracy": [9.0, 0.0, 4.5],
+    "scored_steps": [9, 3, 9],
+    "valid": [1.0, 0.0, 0.5],
+    "action_shaping": [0.2, None, -0.1],
+    "final_score": [None, 0.61, None],
+}
+COMPLETIONS = ['{"action_index": 0}', "garbage", '{"action_index": 3}']
+
+
+def test_each_component_reads_its_field():
+    kw = dict(FIELDS)
+    assert env_return_reward(COMPLETIONS, **kw) == [1.25, -0.5, None]
+    assert enrollment_reward(COMPLETIONS, **kw) == [2.0, -1.0, 0.0]
+    assert screening_reward(COMPLETIONS, **kw) == [1.0, 0.0, 3.0]
+    assert dropout_penalty(COMPLETIONS, **kw) == [-0.0, -2.0, -1.0]
+    assert milestone_reward(COMPLETIONS, **kw) == [0.02, 0.0, 0.05]
+    assert hypothesis_reward(COMPLETIONS, **kw) == [1.0, 0.0, 0.5]
+    assert format_reward(COMPLETIONS, **kw) == [1.0, 0.0, 0.5]
+    assert action_shaping_reward(COMPLETIONS, **kw) == [0.2, None, -0.1]
+    assert final_score_reward(COMPLETIONS, **kw) == [None, 0.61, None]
+
+
+def test_missing_field_is_a_clear_error():
+    with pytest.raises(ValueError, match="'enrollment_gain'.*rollout"):
+        enrollment_reward(COMPLETIONS, env_return=[1.0, 2.0, 3.0])
+
+
+def test_registry_and_imports():
+    funcs = get_reward_funcs(["env_return_reward", "format_reward"])
+    assert [f.__name__ for f in funcs] == ["env_return_reward", "format_reward"]
+    assert set(rewards.__all__) >= set(rewards.REWARD_FUNCS)
+    with pytest.raises(ValueError, match="Unknown reward"):
+        get_reward_funcs(["nope"])
