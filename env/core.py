@@ -362,7 +362,7 @@ class ClinicalRecruitmentEnv:
         info: Info = {"step": s.t, "reward_breakdown": breakdown, "last_action_error": error}
         if s.done:
             info["hindsight_summary"] = dict(s.hindsight)
-            info["final_score"] = max(0.001, min(0.999, grade(task.base_task, obs, s.history)))
+            info["final_score"] = max(0.001, min(0.999, self._grade(obs)))
             info["grader_task"] = task.base_task
         return obs, rounded, terminated, truncated, info
 
@@ -429,7 +429,11 @@ class ClinicalRecruitmentEnv:
         s = self._require_state()
         if not s.done:
             return None
-        return grade(self.task.base_task, self._observation(), s.history)
+        return self._grade(self._observation())
+
+    def _grade(self, obs: Observation) -> float:
+        # The grader scores hypotheses against the true world type, even when the observation hides it.
+        return grade(self.task.base_task, {**obs, "world_type": self.task.world_type}, self.s.history)
 
     # ------------------------------------------------------------------ internals
     def _set_task(self, task_id: str) -> None:

@@ -100,9 +100,10 @@ def _run_module_main(module: str, argv: list[str]) -> int:
     return int(importlib.import_module(module).main(argv) or 0)
 
 
-_DELEGATED = {"golden": "env.golden", "bench": "env.bench"}
+_DELEGATED = {"golden": "env.golden", "bench": "env.bench", "serve": "env.server"}
 _add_golden = _delegating("golden", "env.golden", "replay golden-format episode files (python -m env.golden)")
 _add_bench = _delegating("bench", "env.bench", "environment throughput benchmark (python -m env.bench)")
+_add_serve = _delegating("serve", "env.server", "HTTP + WebSocket environment server (python -m env.server)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -113,6 +114,7 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_tasks,
     _add_golden,
     _add_bench,
+    _add_serve,
     _add_version,
 )
 

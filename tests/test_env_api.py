@@ -286,3 +286,16 @@ def test_opt_in_fixes_are_off_by_default_and_work():
             break
     else:
         pytest.fail("no screen failure in 40 screens")
+
+
+def test_hidden_world_type_is_still_graded_against_the_truth():
+    scores = []
+    for fixes in ((), ("hide_world_type",)):
+        env = ClinicalRecruitmentEnv("hard_bench_stage_30", fixes=fixes)
+        env.reset(seed=0)
+        for _ in range(30):
+            *_, info = env.step(
+                {"action_type": "plan_next_phase", "target_phase": "screening", "hypothesis": "dropout_dominant"}
+            )
+        scores.append(info["final_score"])
+    assert scores[0] == scores[1]
