@@ -46,6 +46,9 @@ def sample(
     config.return_dict_in_generate = True
     stop = eos_ids(tokenizer, config)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(stop))
+    config.pad_token_id = pad_id
+    if config.eos_token_id is None:
+        config.eos_token_id = sorted(stop)
     device = next(model.parameters()).device
     completions: list[list[int]] = []
     logprobs: list[list[float]] = []
@@ -61,7 +64,6 @@ def sample(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
             generation_config=config,
-            pad_token_id=pad_id,
         )
         new = out.sequences[:, width:].cpu()
         token_logps = torch.stack(
