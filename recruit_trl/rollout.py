@@ -173,7 +173,7 @@ class _RolloutBase:
         return self._prompt_ids[key]
 
     def log_metrics(
-        self, trainer, rows: list[dict[str, Any]], seconds: float, gen_tokens: int, decisions: int
+        self, trainer, rows: list[dict], seconds: float, gen_tokens: int, decisions: int, prompt_tokens: int = 0
     ) -> None:
         """Collapse and cost metrics, averaged over processes by TRL (``_log_metric``)."""
         log = getattr(trainer, "_log_metric", None)
@@ -191,6 +191,7 @@ class _RolloutBase:
         log("rollout/env_time_share", self.scorer.env_seconds / seconds if seconds > 0 else 0.0)
         log("rollout/env_steps_per_row", self.scorer.env_steps / n)
         log("rollout/gen_tokens_per_decision", gen_tokens / max(1, decisions))
+        log("rollout/prompt_tokens_per_decision", prompt_tokens / max(1, decisions))
         log("rollout/seconds", seconds)
 
 
@@ -229,7 +230,8 @@ class BranchRollout(_RolloutBase):
                      "action_error", "scored_steps"):  # fmt: skip
             out[name] = [r[name] for r in rows]
         gen_tokens = sum(len(c) for c in completion_ids)
-        self.log_metrics(trainer, rows, time.perf_counter() - start, gen_tokens, len(rows))
+        prompt_tokens = sum(len(p) for p in prompt_ids)
+        self.log_metrics(trainer, rows, time.perf_counter() - start, gen_tokens, len(rows), prompt_tokens)
         return out
 
     def _generate(self, trainer, model, tokenizer, generation_config, prompt_ids):
@@ -365,7 +367,9 @@ class WindowRollout(_RolloutBase):
             result[name] = [r[name] for r in out_rows]
         gen_tokens = sum(sum(m) for m in env_mask)
         decisions = sum(r["turns"] for r in rows)
-        self.log_metrics(trainer, out_rows, time.perf_counter() - start, gen_tokens, decisions)
+        # Every decision reads a full state: the anchor prompt, then one environment turn per later decision.
+        prompt_tokens = sum(len(p) for p in prompt_ids) + sum(len(m) - sum(m) for m in env_mask)
+        self.log_metrics(trainer, out_rows, time.perf_counter() - start, gen_tokens, decisions, prompt_tokens)
         return result
 
     _generate = BranchRollout._generate
