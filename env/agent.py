@@ -25,7 +25,7 @@ from typing import Any
 
 from env.core import ClinicalRecruitmentEnv
 from env.models import ACTION_TYPES, validate_action
-from env.policies import get_policy
+from env.policies import get_policy, register_policy
 from env.tasks import PUBLIC_TASK_IDS, get_task
 from recruit_trl.protocol import register_env
 
@@ -253,3 +253,9 @@ def _patient_facts(obs: Mapping[str, Any], kind: str | None, pid: str | None) ->
 
 CLINICAL = ClinicalInterface()
 register_env("clinical", CLINICAL)
+
+
+@register_policy("safe")
+def safe_policy(obs: Mapping[str, Any], rng=None) -> dict[str, Any]:
+    """The safe agent as a policy: the most productive legal candidate (what the model's fallback plays)."""
+    return CLINICAL.fallback_action(obs)

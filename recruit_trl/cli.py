@@ -82,6 +82,58 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------------
+# eval
+
+
+def _add_eval(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("eval", help="evaluate policies over full episodes (table, --json, --plot)")
+    p.add_argument(
+        "--policy", action="append", required=True, help="random | heuristic | expert | model:PATH; repeatable"
+    )
+    p.add_argument("--task", action="append", help="task id; repeatable (default: the three public tasks)")
+    p.add_argument("--seeds", default="0-19", help="reset seeds, e.g. 0-19 or 0-99:10 (default 0-19)")
+    p.add_argument("--env", default="env.agent:CLINICAL", help="environment interface (name or module:attribute)")
+    p.add_argument("--env-url", help="evaluate against an environment server instead of in-process")
+    p.add_argument("--transport", default="http", choices=("http", "ws"), help="transport with --env-url")
+    p.add_argument("--contract", default="index", choices=("index", "json"), help="action contract of model policies")
+    p.add_argument("--teacher", help="policy to compute teacher match against (e.g. expert)")
+    p.add_argument("--temperature", type=float, default=0.0, help="model sampling temperature (0 = greedy)")
+    p.add_argument("--batch-size", type=int, default=64, help="episodes per batched generate() call")
+    p.add_argument("--json", help="write {results, config, versions} to this file")
+    p.add_argument("--plot", help="write a PNG comparing the policies' final scores")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_eval)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from recruit_trl.evaluate import EvalConfig, evaluate, format_table, plot_results
+    from recruit_trl.training import parse_int_ranges
+
+    config = EvalConfig(
+        env=args.env,
+        tasks=tuple(args.task or ("easy_bench", "medium_bench", "hard_bench")),
+        seeds=tuple(parse_int_ranges(args.seeds)),
+        contract=args.contract,
+        teacher=args.teacher,
+        env_url=args.env_url,
+        transport=args.transport,
+        temperature=args.temperature,
+        batch_size=args.batch_size,
+    )
+    report = evaluate(args.policy, config, progress=not args.no_progress)
+    print(format_table(report["results"]))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report, fh, indent=2)
+        print(f"wrote {args.json}")
+    if args.plot:
+        print(f"wrote {plot_results(report['results'], args.plot)}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
 # golden, bench: thin wrappers around the environment's own module CLIs (their --help is the reference)
 
 
@@ -112,6 +164,7 @@ _add_serve = _delegating("serve", "env.server", "HTTP + WebSocket environment se
 
 _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_tasks,
+    _add_eval,
     _add_golden,
     _add_bench,
     _add_serve,

@@ -1,0 +1,352 @@
+"""Evaluation harness: full episodes of any policy over a seed range and tasks, with the metrics that matter.
+
+Policies:
+    * any policy the environment registers (``random``, ``heuristic``, ``expert``, ...), called as
+      ``policy(obs, rng)``; a policy object with ``act(env, obs, rng)`` is handed the live environment
+      instead (planners that look ahead from the current state);
+    * ``model:PATH``: a causal LM folder or a LoRA adapter folder (its base model is read from the adapter
+      config). Model policies run all episodes in lock-step with batched generation, through the same
+      prompt rendering, action contract, strict parser and safe fallback as the RL rollouts.
+
+Metrics per (policy, task): final score mean and sample sd, enrolled, budget left, episode length,
+strict-JSON rate (model output is exactly one JSON object), valid-action rate (the decision parsed under
+the contract and the environment reported no error), fallback rate, teacher match (the fraction of decisions
+equal to a named teacher policy's on the same observation) and the action-type distribution.
+
+Episodes run in-process, or against an environment server (``env_url``) through ``env.client.RemoteEnv``.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import random
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recruit_trl.contracts import CONTRACTS, MAX_NEW_TOKENS, build_messages, digest, parse_action, parse_json_object
+from recruit_trl.protocol import EnvInterface, get_env_interface
+from recruit_trl.traces import MATCH_FIELDS
+
+# Published reference figures (shared/spec/reference-results.md): best reference policy per task, and its LLMs.
+REFERENCE_BEST = {"easy_bench": 0.607, "medium_bench": 0.533, "hard_bench": 0.560}
+
+
+@dataclass
+class EvalConfig:
+    env: str = "env.agent:CLINICAL"
+    tasks: Sequence[str] = ("easy_bench", "medium_bench", "hard_bench")
+    seeds: Sequence[int] = tuple(range(20))
+    contract: str = "index"
+    recent_k: int = 2
+    teacher: str | None = None
+    env_url: str | None = None
+    transport: str = "http"
+    temperature: float = 0.0
+    batch_size: int = 64
+    policy_seed: int = 0
+    max_new_tokens: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EpisodeLog:
+    task: str
+    seed: int
+    final_score: float | None = None
+    enrolled: int = 0
+    budget_left: float = 0.0
+    length: int = 0
+    decisions: int = 0
+    strict_json: int = 0
+    valid: int = 0
+    fallback: int = 0
+    teacher_match: int = 0
+    teacher_checked: int = 0
+    action_types: Counter = field(default_factory=Counter)
+
+
+def _match(a: dict, b: dict) -> bool:
+    return all(a.get(f) == b.get(f) for f in MATCH_FIELDS)
+
+
+class Evaluator:
+    """Runs policies over ``config.tasks`` x ``config.seeds`` and aggregates :class:`EpisodeLog` records."""
+
+    def __init__(self, config: EvalConfig, interface: EnvInterface | None = None) -> None:
+        if config.contract not in CONTRACTS:
+            raise ValueError(f"contract must be one of {CONTRACTS}")
+        self.config = config
+        self.interface = interface or get_env_interface(config.env)
+        self.teacher = self.interface.get_policy(config.teacher) if config.teacher else None
+
+    # ------------------------------------------------------------------ environments
+    def make_env(self, task: str):
+        if self.config.env_url:
+            from env.client import RemoteEnv
+
+            return RemoteEnv(self.config.env_url, task=task, transport=self.config.transport)
+        return self.interface.make_env(task)
+
+    def _teacher_action(self, env, obs, rng: random.Random) -> dict | None:
+        if self.teacher is None:
+            return None
+        act = getattr(self.teacher, "act", None)
+        return act(env, obs, rng) if act is not None else self.teacher(obs, rng)
+
+    # ------------------------------------------------------------------ policies
+    def run_policy(self, name: str, progress: Callable[[int], None] | None = None) -> list[EpisodeLog]:
+        if name.startswith("model:"):
+            return self.run_model(name[len("model:") :], progress)
+        policy = self.interface.get_policy(name)
+        act = getattr(policy, "act", None)
+        logs = []
+        for task in self.config.tasks:
+            env = self.make_env(task)
+            for seed in self.config.seeds:
+                rng = random.Random(self.config.policy_seed * 1_000_003 + seed)
+                teacher_rng = random.Random(seed)
+                log = EpisodeLog(task, seed)
+                obs, _ = env.reset(seed=seed)
+                done = False
+                while not done:
+                    taught = self._teacher_action(env, obs, teacher_rng)
+                    action = act(env, obs, rng) if act is not None else policy(obs, rng)
+                    obs, _, terminated, truncated, info = env.step(action)
+                    done = terminated or truncated
+                    self._record(log, action, info, parsed_json=None, valid=True, taught=taught)
+                self._finish(log, obs, info)
+                logs.append(log)
+                if progress:
+                    progress(1)
+            if hasattr(env, "close"):
+                env.close()
+        return logs
+
+    def run_model(self, path: str, progress: Callable[[int], None] | None = None) -> list[EpisodeLog]:
+        model, tokenizer = load_policy_model(path)
+        from transformers import GenerationConfig
+
+        from recruit_trl.generation import sample
+
+        cfg = self.config
+        do_sample = cfg.temperature > 0
+        gen_config = GenerationConfig(
+            do_sample=do_sample, temperature=cfg.temperature if do_sample else None, top_p=None, top_k=None
+        )
+        max_new = cfg.max_new_tokens or MAX_NEW_TOKENS[cfg.contract]
+        episodes = [(task, seed) for task in cfg.tasks for seed in cfg.seeds]
+        envs = [self.make_env(task) for task, _ in episodes]
+        logs = [EpisodeLog(task, seed) for task, seed in episodes]
+        obs = [env.reset(seed=seed)[0] for env, (_, seed) in zip(envs, episodes, strict=True)]
+        recent: list[list[str]] = [[] for _ in episodes]
+        rngs = [random.Random(seed) for _, seed in episodes]
+        active = list(range(len(episodes)))
+        infos: list[dict] = [{} for _ in episodes]
+        while active:
+            candidates = {i: self.interface.candidate_actions(obs[i]) for i in active}
+            prompts = []
+            for i in active:
+                shown = recent[i][len(recent[i]) - cfg.recent_k :] if cfg.recent_k > 0 else []
+                messages = build_messages(self.interface, obs[i], shown, cfg.contract, candidates[i])
+                text = tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
+                )
+                prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+            completions, _ = sample(model, tokenizer, prompts, gen_config, max_new, cfg.batch_size)
+            texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+            still = []
+            for i, text in zip(active, texts, strict=True):
+                parsed = parse_action(text, cfg.contract, self.interface, obs[i], candidates[i])
+                taught = self._teacher_action(envs[i], obs[i], rngs[i])
+                day = logs[i].length
+                new_obs, _, terminated, truncated, info = envs[i].step(parsed.action)
+                strict = parse_json_object(text)[0] is not None
+                self._record(logs[i], parsed.action, info, parsed_json=strict, valid=parsed.valid, taught=taught)
+                recent[i].append(digest(self.interface, day, parsed.action, info))
+                obs[i], infos[i] = new_obs, info
+                if terminated or truncated:
+                    self._finish(logs[i], new_obs, info)
+                    if progress:
+                        progress(1)
+                else:
+                    still.append(i)
+            active = still
+        for env in envs:
+            if hasattr(env, "close"):
+                env.close()
+        return logs
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _record(self, log: EpisodeLog, action, info, parsed_json: bool | None, valid: bool, taught) -> None:
+        log.length += 1
+        log.decisions += 1
+        log.action_types[self.interface.action_type(action)] += 1
+        if parsed_json is not None:
+            log.strict_json += int(parsed_json)
+            log.fallback += int(not valid)
+        log.valid += int(valid and not info.get("last_action_error"))
+        if taught is not None:
+            log.teacher_checked += 1
+            log.teacher_match += int(_match(action, taught))
+
+    def _finish(self, log: EpisodeLog, obs: dict, info: dict) -> None:
+        log.final_score = self.interface.final_score(info)
+        log.enrolled = obs.get("enrolled_so_far", 0)
+        log.budget_left = obs.get("budget_remaining", 0.0)
+
+
+def aggregate(policy: str, logs: Sequence[EpisodeLog], is_model: bool) -> list[dict[str, Any]]:
+    """One result row per task (the JSON schema of ``recruit-trl eval --json``)."""
+    rows = []
+    for task in dict.fromkeys(log.task for log in logs):
+        group = [log for log in logs if log.task == task]
+        scores = [log.final_score for log in group if log.final_score is not None]
+        decisions = sum(log.decisions for log in group)
+        types = Counter()
+        for log in group:
+            types.update(log.action_types)
+        checked = sum(log.teacher_checked for log in group)
+        rows.append(
+            {
+                "policy": policy,
+                "task": task,
+                "episodes": len(group),
+                "final_score_mean": round(statistics.mean(scores), 4) if scores else None,
+                "final_score_sd": round(statistics.stdev(scores), 4) if len(scores) > 1 else 0.0,
+                "enrolled_mean": round(statistics.mean(log.enrolled for log in group), 2),
+                "budget_left_mean": round(statistics.mean(log.budget_left for log in group), 2),
+                "episode_length_mean": round(statistics.mean(log.length for log in group), 2),
+                "strict_json_rate": round(sum(log.strict_json for log in group) / decisions, 4) if is_model else None,
+                "valid_action_rate": round(sum(log.valid for log in group) / max(1, decisions), 4),
+                "fallback_rate": round(sum(log.fallback for log in group) / decisions, 4) if is_model else None,
+                "teacher_match": round(sum(log.teacher_match for log in group) / checked, 4) if checked else None,
+                "action_types": {k: round(v / max(1, decisions), 4) for k, v in sorted(types.items())},
+            }
+        )
+    return rows
+
+
+def evaluate(
+    policies: Sequence[str], config: EvalConfig, *, progress: bool = True, labels: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """Evaluate every policy; returns ``{"results": [...], "config": {...}, "versions": {...}}``."""
+    evaluator = Evaluator(config)
+    results = []
+    total = len(policies) * len(config.tasks) * len(config.seeds)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc="evaluating", unit="episode", dynamic_ncols=True)
+    timings = {}
+    for k, name in enumerate(policies):
+        label = labels[k] if labels else name
+        start = time.perf_counter()
+        logs = evaluator.run_policy(name, progress=bar.update if bar else None)
+        timings[label] = round((time.perf_counter() - start) / max(1, len(logs)), 3)
+        results.extend(aggregate(label, logs, name.startswith("model:")))
+    if bar:
+        bar.close()
+    cfg = {k: (list(v) if isinstance(v, tuple | range) else v) for k, v in config.__dict__.items()}
+    cfg["policies"] = list(policies)
+    cfg["seconds_per_episode"] = timings
+    return {"results": results, "config": cfg, "versions": versions()}
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in ("recruit_trl", "torch", "transformers", "trl", "peft"):
+        try:
+            module = __import__(name)
+            out[name] = getattr(module, "__version__", "?")
+        except ImportError:
+            continue
+    return out
+
+
+def load_policy_model(path: str):
+    """A causal LM (or a LoRA adapter on its base model) and its tokenizer, in eval mode, from a local folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(path)
+    adapter_config = folder / "adapter_config.json"
+    if adapter_config.is_file():
+        from peft import PeftModel
+
+        base_path = json.loads(adapter_config.read_text())["base_model_name_or_path"]
+        base = AutoModelForCausalLM.from_pretrained(base_path)
+        model = PeftModel.from_pretrained(base, str(folder))
+        tokenizer_source = str(folder) if (folder / "tokenizer_config.json").is_file() else base_path
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(folder))
+        tokenizer_source = str(folder)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source, padding_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.eval()
+    return model, tokenizer
+
+
+def format_table(results: Sequence[dict[str, Any]]) -> str:
+    header = (
+        f"{'policy':<22}{'task':<22}{'score':>16}{'enrolled':>10}{'budget':>10}{'len':>6}"
+        f"{'json':>7}{'valid':>7}{'fallbk':>7}{'teach':>7}  top action"
+    )
+    lines = [header, "-" * len(header)]
+
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.0f}%"
+
+    for r in results:
+        top = max(r["action_types"], key=r["action_types"].get) if r["action_types"] else "-"
+        score = "-" if r["final_score_mean"] is None else f"{r['final_score_mean']:.3f} ± {r['final_score_sd']:.3f}"
+        lines.append(
+            f"{r['policy'][:21]:<22}{r['task']:<22}{score:>16}{r['enrolled_mean']:>10.1f}"
+            f"{r['budget_left_mean']:>10.0f}{r['episode_length_mean']:>6.0f}{pct(r['strict_json_rate']):>7}"
+            f"{pct(r['valid_action_rate']):>7}{pct(r['fallback_rate']):>7}{pct(r['teacher_match']):>7}  "
+            f"{top} {pct(r['action_types'].get(top))}"
+        )
+    return "\n".join(lines)
+
+
+def plot_results(results: Sequence[dict[str, Any]], path: str | Path, title: str = "Final score by policy") -> Path:
+    """Grouped bars of the mean final score (± sd) per task and policy, with the best reference policy marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(r["task"] for r in results))
+    policies = list(dict.fromkeys(r["policy"] for r in results))
+    width = 0.8 / max(1, len(policies))
+    fig, ax = plt.subplots(figsize=(1.8 + 2.2 * len(tasks), 4.2))
+    for k, policy in enumerate(policies):
+        xs, ys, errs = [], [], []
+        for t, task in enumerate(tasks):
+            row = next((r for r in results if r["policy"] == policy and r["task"] == task), None)
+            if row and row["final_score_mean"] is not None:
+                xs.append(t + (k - (len(policies) - 1) / 2) * width)
+                ys.append(row["final_score_mean"])
+                errs.append(row["final_score_sd"])
+        ax.bar(xs, ys, width, yerr=errs, capsize=2, label=policy)
+    for t, task in enumerate(tasks):
+        if task in REFERENCE_BEST:
+            ax.hlines(REFERENCE_BEST[task], t - 0.45, t + 0.45, colors="black", linestyles="dashed")
+    ax.plot([], [], "k--", label="best reference policy")
+    ax.set_xticks(range(len(tasks)), tasks)
+    ax.set_ylabel("final grader score")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    ax.legend(fontsize=8, ncols=2, loc="upper right")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

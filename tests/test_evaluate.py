@@ -1,0 +1,66 @@
+"""Evaluation harness: policies and model policies over full episodes, JSON schema, table and plot."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import env.agent  # noqa: F401
+from recruit_trl.cli import main as cli
+from recruit_trl.evaluate import EvalConfig, evaluate, format_table, plot_results
+
+TASK = "hard_bench_stage_30"
+RESULT_KEYS = {
+    "policy", "task", "episodes", "final_score_mean", "final_score_sd", "enrolled_mean", "budget_left_mean",
+    "episode_length_mean", "strict_json_rate", "valid_action_rate", "fallback_rate", "teacher_match", "action_types",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from recruit_trl.models import build_tiny_model
+    from recruit_trl.protocol import get_env_interface
+    from recruit_trl.traces import collect_traces
+
+    rows = collect_traces(get_env_interface("clinical"), [TASK], range(2))
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    return build_tiny_model(
+        path, rows, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
+        max_steps=2, batch_size=4, progress=False,
+    )  # fmt: skip
+
+
+def test_env_policies_and_teacher_match():
+    report = evaluate(
+        ["heuristic", "safe"], EvalConfig(tasks=(TASK,), seeds=(0, 1), teacher="heuristic"), progress=False
+    )
+    rows = report["results"]
+    assert [r["policy"] for r in rows] == ["heuristic", "safe"]
+    assert set(rows[0]) == RESULT_KEYS
+    assert rows[0]["teacher_match"] == 1.0 and rows[0]["episodes"] == 2
+    assert rows[0]["strict_json_rate"] is None and rows[0]["fallback_rate"] is None
+    assert rows[0]["episode_length_mean"] == 30
+    assert abs(sum(rows[1]["action_types"].values()) - 1) < 1e-3
+    assert "heuristic" in format_table(rows)
+    assert report["versions"]["python"]
+
+
+def test_model_policy_runs_in_lock_step(tiny_model, tmp_path):
+    report = evaluate([f"model:{tiny_model}"], EvalConfig(tasks=(TASK,), seeds=(0, 1, 2)), progress=False)
+    (row,) = report["results"]
+    assert row["episodes"] == 3 and row["episode_length_mean"] == 30
+    assert 0.0 <= row["strict_json_rate"] <= 1.0 and 0.0 <= row["fallback_rate"] <= 1.0
+    assert 0.001 <= row["final_score_mean"] <= 0.999
+    png = plot_results(report["results"], tmp_path / "plot.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_cli_writes_json_and_plot(tmp_path, capsys):
+    out, png = tmp_path / "eval.json", tmp_path / "eval.png"
+    args = ["eval", "--policy", "random", "--task", TASK, "--seeds", "0-1", "--json", str(out), "--plot", str(png)]
+    assert cli([*args, "--no-progress"]) == 0
+    report = json.loads(out.read_text())
+    assert set(report) == {"results", "config", "versions"}
+    assert report["results"][0]["policy"] == "random" and png.is_file()
+    assert "random" in capsys.readouterr().out
