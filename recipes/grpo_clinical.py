@@ -50,7 +50,15 @@ def main(script_args: ScriptArguments, training_args: GRPOConfig, model_args: Mo
     dataset = make_anchor_dataset(script_args, interface)
 
     # 2. Policy model (a local folder) and tokenizer.
-    model_path = resolve_policy_model(model_args.model_name_or_path, script_args, interface)
+    model_path = resolve_policy_model(
+        model_args.model_name_or_path,
+        interface,
+        tasks=script_args.tasks,
+        contract=script_args.contract,
+        recent_k=script_args.recent_k,
+        corpus_episodes=script_args.tiny_corpus_seeds,
+        build_steps=script_args.tiny_build_steps,
+    )
     tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
     quantization_config = get_quantization_config(model_args)
     training_args.model_init_kwargs = {

@@ -104,13 +104,14 @@ class AnchorCache:
     def _replay(self, anchor: Anchor) -> AnchorState:
         env = self.env(anchor.task)
         policy = self.interface.get_policy(anchor.policy)
+        act = getattr(policy, "act", None)  # planners look ahead from the live environment
         rng = random.Random(anchor.policy_seed)
         obs, _ = env.reset(seed=anchor.seed)
         recent: list[str] = []
         done = False
         day = 0
         while day < anchor.day:
-            action = policy(obs, rng)
+            action = act(env, obs, rng) if act is not None else policy(obs, rng)
             obs, _, terminated, truncated, info = env.step(action)
             recent.append(digest(self.interface, day, action, info))
             day += 1

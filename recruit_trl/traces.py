@@ -1,6 +1,7 @@
 """Teacher traces: episodes played by a policy, rendered exactly as the rollouts render prompts.
 
-Each row is ``{"messages": [system, user], "completion": text, "task", "seed", "day", "action_type"}`` where
+Each row is ``{"messages": [system, user], "completion": text, "task", "seed", "day", "action_type",
+"candidate_types"}`` (the listed candidates' action types, in order) where
 ``completion`` is the answer under the action contract that takes the teacher's action. The same rows
 warm up the tiny offline model and feed the SFT warm start, so the model sees the RL prompt format from
 its first step.
@@ -110,7 +111,8 @@ def collect_traces(
                     k: int | None = rng.choice(explorable)
                     action = candidates[k]
                 elif policy is not None:
-                    action = policy(obs, rng)
+                    act = getattr(policy, "act", None)
+                    action = act(env, obs, rng) if act is not None else policy(obs, rng)
                     k = match_candidate(action, candidates)
                 else:
                     k = pick(obs, candidates, rng)
@@ -127,6 +129,7 @@ def collect_traces(
                             "seed": seed,
                             "day": day,
                             "action_type": interface.action_type(action),
+                            "candidate_types": [interface.action_type(c) for c in candidates],
                         }
                     )
                     stats.recorded += 1

@@ -6,6 +6,7 @@ The recipes (``recipes/*.py``) stay readable top to bottom; the pieces they shar
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,18 +78,27 @@ def tiny_corpus_fn(interface: EnvInterface, tasks, episodes_per_task: int, contr
     return corpus
 
 
-def resolve_policy_model(name_or_path: str, args: ScriptArguments, interface: EnvInterface) -> str:
-    """``tiny`` (built and cached on first use), ``smollm2``, or a local folder / hub id, as a local path."""
+def resolve_policy_model(
+    name_or_path: str,
+    interface: EnvInterface,
+    *,
+    tasks: Sequence[str],
+    contract: str = "index",
+    recent_k: int = 2,
+    corpus_episodes: int = 24,
+    build_steps: int = 1500,
+) -> str:
+    """``tiny`` (built on first use from the interface's traces, then cached), ``smollm2``, or a local folder /
+    hub id, as a local path."""
     from recruit_trl.models import resolve_model
 
     if name_or_path.strip().lower() != "tiny":
         return resolve_model(name_or_path)
-    corpus = tiny_corpus_fn(interface, args.tasks, args.tiny_corpus_seeds, args.contract, args.recent_k)
     return resolve_model(
         "tiny",
-        corpus_fn=corpus,
-        version_key=f"{RENDER_VERSION}-{interface.name}-{args.contract}-{args.recent_k}-{args.tiny_corpus_seeds}",
-        max_steps=args.tiny_build_steps,
+        corpus_fn=tiny_corpus_fn(interface, tasks, corpus_episodes, contract, recent_k),
+        version_key=f"{RENDER_VERSION}-{interface.name}-{contract}-{recent_k}-{corpus_episodes}-{','.join(tasks)}",
+        max_steps=build_steps,
     )
 
 

@@ -1,0 +1,164 @@
+"""SFT warm start data: teacher traces as a chat dataset, balanced by action type, with a held-out split.
+
+The rows are TRL conversational prompt/completion rows rendered exactly like the RL rollouts (same system
+prompt, state rendering, candidate list and action contract), so the adapter trained here is the starting
+policy of the GRPO and REINFORCE recipes. The split is by reset seed (no episode is in both parts).
+
+Action-type balancing caps every action type at ``max_type_fraction`` of the training rows by subsampling the
+over-represented types: the reference's own SFT collapsed to 100% ``adjust_strategy``; a model trained on
+balanced data cannot win by always predicting the majority action.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from recruit_trl.contracts import parse_index, parse_json_object
+from recruit_trl.protocol import EnvInterface
+from recruit_trl.traces import TraceStats, collect_traces
+
+
+def balance_action_types(rows: list[dict[str, Any]], max_type_fraction: float, seed: int = 0) -> list[dict[str, Any]]:
+    """Subsample over-represented action types so none exceeds ``max_type_fraction`` of the result.
+
+    Rows of each type are kept in their original order (a random subset of the capped types).
+    """
+    if not 0 < max_type_fraction <= 1:
+        raise ValueError("max_type_fraction must be in (0, 1]")
+    counts = Counter(r["action_type"] for r in rows)
+    kept = dict(counts)
+    # Lower the largest types until each is within the cap of the (shrinking) total.
+    for _ in range(len(kept) * 4):
+        total = sum(kept.values())
+        cap = int(max_type_fraction * total)
+        over = {t: n for t, n in kept.items() if n > max(cap, 1)}
+        if not over:
+            break
+        for t in over:
+            others = total - kept[t]
+            # n <= f * (others + n)  <=>  n <= f * others / (1 - f)
+            kept[t] = (
+                max(1, int(max_type_fraction * others / (1 - max_type_fraction))) if max_type_fraction < 1 else kept[t]
+            )
+    rng = random.Random(seed)
+    chosen: set[int] = set()
+    by_type: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_type.setdefault(r["action_type"], []).append(i)
+    for t, idx in by_type.items():
+        chosen.update(idx if kept[t] >= len(idx) else rng.sample(idx, kept[t]))
+    return [rows[i] for i in sorted(chosen)]
+
+
+def to_conversational(rows: Sequence[dict[str, Any]]):
+    """Trace rows -> a ``datasets.Dataset`` with ``prompt``/``completion`` message lists plus metadata columns."""
+    from datasets import Dataset
+
+    return Dataset.from_list(
+        [
+            {
+                "prompt": r["messages"],
+                "completion": [{"role": "assistant", "content": r["completion"]}],
+                "task": r["task"],
+                "seed": r["seed"],
+                "day": r["day"],
+                "action_type": r["action_type"],
+                "candidate_types": r["candidate_types"],
+            }
+            for r in rows
+        ]
+    )
+
+
+def build_sft_datasets(
+    interface: EnvInterface,
+    tasks: Sequence[str],
+    train_seeds: Sequence[int],
+    heldout_seeds: Sequence[int],
+    *,
+    teacher: str,
+    contract: str = "index",
+    recent_k: int = 2,
+    epsilon: float = 0.0,
+    max_type_fraction: float = 0.35,
+    seed: int = 0,
+) -> tuple[Any, Any, dict[str, Any]]:
+    """Teacher traces -> (train Dataset, held-out Dataset, stats). Only the training part is balanced."""
+    if set(train_seeds) & set(heldout_seeds):
+        raise ValueError("train and held-out seeds overlap")
+    train_stats, heldout_stats = TraceStats(), TraceStats()
+    common = {"teacher": teacher, "contract": contract, "recent_k": recent_k}
+    train_rows = collect_traces(
+        interface, tasks, train_seeds, epsilon=epsilon, stats=train_stats, rng_seed=seed, **common
+    )
+    heldout_rows = collect_traces(interface, tasks, heldout_seeds, stats=heldout_stats, rng_seed=seed + 1, **common)
+    balanced = balance_action_types(train_rows, max_type_fraction, seed)
+    stats = {
+        "teacher": teacher,
+        "train_rows_raw": len(train_rows),
+        "train_rows": len(balanced),
+        "heldout_rows": len(heldout_rows),
+        "skipped_unlisted_teacher_actions": train_stats.skipped + heldout_stats.skipped,
+        "train_action_types_raw": dict(Counter(r["action_type"] for r in train_rows)),
+        "train_action_types": dict(Counter(r["action_type"] for r in balanced)),
+        "heldout_action_types": dict(Counter(r["action_type"] for r in heldout_rows)),
+    }
+    return to_conversational(balanced), to_conversational(heldout_rows), stats
+
+
+def heldout_report(
+    model, tokenizer, dataset, contract: str = "index", batch_size: int = 64, interface: EnvInterface | None = None
+) -> dict[str, Any]:
+    """Greedy predictions on held-out rows: teacher match, strict JSON, valid action, action-type distributions.
+
+    A prediction is valid when it parses under the contract (index in range; for ``json``, an action the
+    interface validates).
+    """
+    from transformers import GenerationConfig
+
+    from recruit_trl.contracts import MAX_NEW_TOKENS
+    from recruit_trl.generation import sample
+
+    prompts = [
+        tokenizer(
+            tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        )["input_ids"]
+        for row in dataset
+    ]
+    config = GenerationConfig(do_sample=False)
+    completions, _ = sample(model, tokenizer, prompts, config, MAX_NEW_TOKENS[contract], batch_size)
+    texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+    match = strict = valid = 0
+    predicted_types: Counter = Counter()
+    teacher_types: Counter = Counter(row["action_type"] for row in dataset)
+    for row, text in zip(dataset, texts, strict=True):
+        target = row["completion"][0]["content"]
+        match += int(text.strip() == target.strip())
+        obj = parse_json_object(text)[0]
+        strict += int(obj is not None)
+        predicted = None
+        if contract == "index":
+            k, _ = parse_index(text, len(row["candidate_types"]))
+            predicted = row["candidate_types"][k] if k is not None else None
+        elif obj is not None and interface is not None:
+            try:
+                predicted = interface.action_type(interface.validate_action(obj, {}))
+            except ValueError:
+                predicted = None
+        valid += int(predicted is not None)
+        if predicted is not None:
+            predicted_types[predicted] += 1
+    n = max(1, len(texts))
+    total_pred = max(1, sum(predicted_types.values()))
+    return {
+        "rows": len(texts),
+        "teacher_match": round(match / n, 4),
+        "strict_json_rate": round(strict / n, 4),
+        "valid_action_rate": round(valid / n, 4),
+        "predicted_action_types": {k: round(v / total_pred, 4) for k, v in sorted(predicted_types.items())},
+        "teacher_action_types": {k: round(v / n, 4) for k, v in sorted(teacher_types.items())},
+    }

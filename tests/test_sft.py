@@ -1,0 +1,40 @@
+"""SFT data: action-type balancing, seed-split datasets in the rollout rendering, held-out report."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+import env.agent  # noqa: F401
+from recruit_trl.protocol import get_env_interface
+from recruit_trl.sft import balance_action_types, build_sft_datasets
+
+INTERFACE = get_env_interface("clinical")
+
+
+def test_balancing_caps_every_type():
+    rows = [{"action_type": t} for t in ["a"] * 70 + ["b"] * 20 + ["c"] * 10]
+    out = balance_action_types(rows, 0.4, seed=1)
+    counts = Counter(r["action_type"] for r in out)
+    assert counts["b"] == 20 and counts["c"] == 10
+    assert counts["a"] / len(out) <= 0.4 + 1e-9
+    assert balance_action_types(rows, 1.0) == rows
+    with pytest.raises(ValueError):
+        balance_action_types(rows, 0.0)
+
+
+def test_datasets_split_by_seed_and_match_the_rollout_prompts():
+    train, heldout, stats = build_sft_datasets(
+        INTERFACE, ["hard_bench_stage_30"], [1, 2], [3], teacher="heuristic", max_type_fraction=0.5
+    )
+    assert set(train["seed"]) == {1, 2} and set(heldout["seed"]) == {3}
+    row = train[0]
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"]
+    assert row["completion"][0]["role"] == "assistant" and row["completion"][0]["content"].startswith(
+        '{"action_index"'
+    )
+    assert stats["train_rows"] <= stats["train_rows_raw"]
+    assert max(Counter(train["action_type"]).values()) / len(train) <= 0.5 + 1e-9
+    with pytest.raises(ValueError, match="overlap"):
+        build_sft_datasets(INTERFACE, ["hard_bench_stage_30"], [1], [1], teacher="safe")
