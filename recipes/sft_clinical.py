@@ -43,8 +43,8 @@ class SFTScriptArguments:
     recent_k: int = field(default=2, metadata={"help": "Recent actions in the prompt digest (as in the rollouts)."})
     epsilon: float = field(default=0.1, metadata={"help": "Random-candidate rate while tracing (state coverage)."})
     max_type_fraction: float = field(default=0.35, metadata={"help": "Cap on any action type's share of rows."})
-    tiny_corpus_seeds: int = field(default=24, metadata={"help": "Warm-up episodes per task (model 'tiny' only)."})
-    tiny_build_steps: int = field(default=1500, metadata={"help": "Warm-up optimizer steps (model 'tiny' only)."})
+    tiny_corpus_seeds: int = field(default=8, metadata={"help": "Warm-up episodes per task (model 'tiny' only)."})
+    tiny_build_steps: int | None = field(default=None, metadata={"help": "Warm-up steps (model 'tiny' only)."})
 
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:

@@ -59,9 +59,11 @@ class ScriptArguments(RolloutConfig):
         metadata={"help": "Reward functions from the `rewards` package, weighted by --reward_weights."},
     )
     tiny_corpus_seeds: int = field(
-        default=24, metadata={"help": "Episodes per task in the tiny model's warm-up corpus (model 'tiny' only)."}
+        default=8, metadata={"help": "Episodes per task in the tiny model's warm-up corpus (model 'tiny' only)."}
     )
-    tiny_build_steps: int = field(default=1500, metadata={"help": "Warm-up optimizer steps of the tiny model."})
+    tiny_build_steps: int | None = field(
+        default=None, metadata={"help": "Warm-up optimizer steps of the tiny model (default: the builder's epochs)."}
+    )
     sft_adapter: str | None = field(
         default=None, metadata={"help": "A LoRA adapter (e.g. from recipes/sft_clinical.py) to start from."}
     )
@@ -85,8 +87,8 @@ def resolve_policy_model(
     tasks: Sequence[str],
     contract: str = "index",
     recent_k: int = 2,
-    corpus_episodes: int = 24,
-    build_steps: int = 1500,
+    corpus_episodes: int = 8,
+    build_steps: int | None = None,
 ) -> str:
     """``tiny`` (built on first use from the interface's traces, then cached), ``smollm2``, or a local folder /
     hub id, as a local path."""
@@ -98,7 +100,7 @@ def resolve_policy_model(
         "tiny",
         corpus_fn=tiny_corpus_fn(interface, tasks, corpus_episodes, contract, recent_k),
         version_key=f"{RENDER_VERSION}-{interface.name}-{contract}-{recent_k}-{corpus_episodes}-{','.join(tasks)}",
-        max_steps=build_steps,
+        **({"max_steps": build_steps} if build_steps else {}),
     )
 
 

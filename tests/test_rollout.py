@@ -1,0 +1,140 @@
+"""Rollout functions: output contract, group contiguity and common random numbers, fallback, window masks.
+
+Generation is scripted (the sampler is replaced by fixed texts) so the tests pin down the rollout logic
+exactly; the real model path is covered by the recipe smoke tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import env.agent  # noqa: F401
+import recruit_trl.rollout as rollout_mod
+from env import ACTION_TYPES
+from recruit_trl.anchors import Anchor
+from recruit_trl.models import build_tokenizer
+from recruit_trl.protocol import get_env_interface
+from recruit_trl.rollout import BranchRollout, RolloutConfig, WindowRollout, env_turn_template, make_rollout
+from recruit_trl.traces import collect_traces
+
+INTERFACE = get_env_interface("clinical")
+ANCHORS = [Anchor("easy_bench", 101, 20), Anchor("hard_bench", 102, 60)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    rows = collect_traces(INTERFACE, ["easy_bench", "hard_bench"], range(1), epsilon=0.3, max_days=40)
+    texts = [m["content"] for r in rows for m in r["messages"]] + [r["completion"] for r in rows]
+    return build_tokenizer(texts, vocab_size=1024)
+
+
+class ScriptedSampler:
+    """Stands in for recruit_trl.generation.sample: answers prompt k with texts[k % len(texts)]."""
+
+    def __init__(self, tokenizer, texts):
+        self.tokenizer, self.texts, self.calls = tokenizer, texts, []
+
+    def __call__(self, model, tokenizer, prompt_ids, generation_config, max_new_tokens, chunk_size=64):
+        self.calls.append([list(p) for p in prompt_ids])
+        ids = [
+            self.tokenizer(self.texts[k % len(self.texts)], add_special_tokens=False)["input_ids"]
+            + [self.tokenizer.eos_token_id]
+            for k in range(len(prompt_ids))
+        ]
+        return ids, [[-0.5] * len(x) for x in ids]
+
+
+def run(rollout, tokenizer, monkeypatch, texts, group=4, step=0):
+    sampler = ScriptedSampler(tokenizer, texts)
+    monkeypatch.setattr(rollout_mod, "sample", sampler)
+    prompts = [a.key() for a in ANCHORS for _ in range(group)]
+    return rollout(prompts, None, model=object(), tokenizer=tokenizer, generation_config=None, step=step), sampler
+
+
+def test_branch_output_contract(tokenizer, monkeypatch):
+    texts = ['{"action_index": 0}', '{"action_index": 0}', '{"action_index": 1}', "no idea"]
+    out, _ = run(BranchRollout(RolloutConfig(horizon=5)), tokenizer, monkeypatch, texts)
+    n = 8
+    for key in ("prompt_ids", "completion_ids", "logprobs", *INTERFACE.reward_fields, "valid", "action_shaping",
+                "final_score", "action_type", "action_error", "scored_steps"):  # fmt: skip
+        assert len(out[key]) == n, key
+    assert all(len(c) >= 1 for c in out["completion_ids"])
+    assert all(len(c) == len(lp) for c, lp in zip(out["completion_ids"], out["logprobs"], strict=True))
+    # Groups are contiguous: the 4 rows of an anchor share one prompt.
+    assert out["prompt_ids"][0] == out["prompt_ids"][3] != out["prompt_ids"][4]
+    assert out["valid"] == [1.0, 1.0, 1.0, 0.0] * 2
+    assert out["action_shaping"][3] is None and out["action_shaping"][0] is not None
+    assert all(t in ACTION_TYPES for t in out["action_type"])
+    assert all(s == 6 for s in out["scored_steps"])  # the sampled action + a 5-day horizon
+    # Common random numbers: the same action from the same anchor gives the same outcome.
+    assert out["env_return"][0] == out["env_return"][1]
+    assert "env_mask" not in out
+
+
+def test_branch_is_deterministic_per_step_and_reseeds_across_steps(tokenizer, monkeypatch):
+    texts = ['{"action_index": 0}', '{"action_index": 2}']
+    a, _ = run(BranchRollout(RolloutConfig(horizon=20)), tokenizer, monkeypatch, texts, step=3)
+    b, _ = run(BranchRollout(RolloutConfig(horizon=20)), tokenizer, monkeypatch, texts, step=3)
+    assert a == b
+    many = [run(BranchRollout(RolloutConfig(horizon=20)), tokenizer, monkeypatch, texts, step=s)[0] for s in range(6)]
+    assert len({tuple(m["env_return"]) for m in many}) > 1
+
+
+def test_invalid_output_plays_the_fallback(tokenizer, monkeypatch):
+    out, _ = run(BranchRollout(RolloutConfig(horizon=0)), tokenizer, monkeypatch, ['{"action_index": 99}'], group=2)
+    fallback = [INTERFACE.action_type(INTERFACE.fallback_action(s.obs)) for s in map(_state, ANCHORS)]
+    assert out["valid"] == [0.0] * 4
+    assert out["action_type"] == [fallback[0]] * 2 + [fallback[1]] * 2
+
+
+def _state(anchor):
+    from recruit_trl.anchors import AnchorCache
+
+    return AnchorCache(INTERFACE).get(anchor)
+
+
+def test_window_mode_masks_environment_text(tokenizer, monkeypatch):
+    texts = ['{"action_index": 0}', '{"action_index": 1}', "???"]
+    rollout = WindowRollout(RolloutConfig(mode="window", window_turns=3, horizon=2))
+    out, sampler = run(rollout, tokenizer, monkeypatch, texts, group=3)
+    assert len(sampler.calls) == 3  # one batched generate per turn
+    before, after = env_turn_template(tokenizer, {})
+    assert (before, after) == ("\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
+    for row, (ids, mask, lps) in enumerate(zip(out["completion_ids"], out["env_mask"], out["logprobs"], strict=True)):
+        assert len(ids) == len(mask) == len(lps)
+        assert mask[0] == 1 and mask[-1] == 1 and 0 in mask
+        # Model tokens are exactly what the sampler produced, in order, never re-tokenised.
+        model_ids = [t for t, m in zip(ids, mask, strict=True) if m == 1]
+        first = tokenizer(texts[row % 3], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        assert model_ids[: len(first)] == first
+        env_text = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m == 0])
+        assert "Day " in env_text and "Actions:" in env_text
+    assert out["scored_steps"][0] == 3 + 2
+    assert 0.0 <= min(out["valid"]) <= max(out["valid"]) <= 1.0
+
+
+def test_make_rollout_and_config_validation():
+    assert isinstance(make_rollout(RolloutConfig(mode="window")), WindowRollout)
+    with pytest.raises(ValueError, match="mode"):
+        RolloutConfig(mode="episode-at-once")
+    with pytest.raises(ValueError, match="contract"):
+        RolloutConfig(contract="yaml")
+
+
+def test_metrics_are_logged_through_the_trainer(tokenizer):
+    logged = {}
+
+    class Trainer:
+        def _log_metric(self, name, value):
+            logged[name] = value
+
+    rollout = BranchRollout(RolloutConfig())
+    rows = [
+        {"valid": 1.0, "action_error": None, "action_type": "screen_patient"},
+        {"valid": 0.0, "action_error": None, "action_type": "recontact"},
+    ]
+    rollout.log_metrics(Trainer(), rows, seconds=2.0, gen_tokens=16, decisions=2)
+    assert logged["rollout/fallback_rate"] == 0.5
+    assert logged["rollout/action_type/screen_patient"] == 0.5
+    assert logged["rollout/gen_tokens_per_decision"] == 8.0
+    assert logged["rollout/action_entropy"] == pytest.approx(0.6931, abs=1e-4)
