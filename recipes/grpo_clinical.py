@@ -21,6 +21,7 @@ What happens, top to bottom:
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -92,6 +93,11 @@ def main(script_args: ScriptArguments, training_args: GRPOConfig, model_args: Mo
     )
     trainer.train(resume_from_checkpoint=_last_checkpoint(training_args.output_dir))
     trainer.save_model(training_args.output_dir)
+    trainer.save_state()  # trainer_state.json: every logged metric, step by step
+    if trainer.accelerator.is_main_process:
+        info = {"base_model": model_path, "world_size": trainer.accelerator.num_processes, "anchors": len(dataset)}
+        with open(os.path.join(training_args.output_dir, "run_info.json"), "w") as fh:
+            json.dump(info, fh, indent=2)
     return trainer
 
 

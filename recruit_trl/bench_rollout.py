@@ -38,6 +38,7 @@ def load_recipe(path: Path = RECIPE):
         raise FileNotFoundError(f"{path} not found: run the benchmark from a checkout of recruit_trl")
     spec = importlib.util.spec_from_file_location("grpo_clinical_recipe", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is created
     spec.loader.exec_module(module)
     return module
 

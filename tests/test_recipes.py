@@ -1,0 +1,111 @@
+"""Smoke tests that run the real recipes with a tiny budget (CleanRL style)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import env.agent  # noqa: F401
+
+ROOT = Path(__file__).parents[1]
+SMALL = [
+    "--anchor_seeds", "100", "--anchor_days", "0-60:20", "--tasks", "easy_bench", "hard_bench",
+    "--per_device_train_batch_size", "16", "--num_generations", "8", "--save_strategy", "no", "--horizon", "4",
+]  # fmt: skip
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "recipes" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is created
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def warm_model(tmp_path_factory):
+    """A small model that answers in the index contract most of the time (so GRPO groups have variance)."""
+    from recruit_trl.models import build_tiny_model
+    from recruit_trl.protocol import get_env_interface
+    from recruit_trl.traces import collect_traces
+
+    rows = collect_traces(get_env_interface("clinical"), ["easy_bench", "hard_bench"], range(2), epsilon=0.5)
+    return str(
+        build_tiny_model(
+            tmp_path_factory.mktemp("warm") / "model",
+            rows,
+            hidden_size=64,
+            num_layers=1,
+            num_heads=2,
+            num_kv_heads=1,
+            intermediate_size=128,
+            max_steps=80,
+            batch_size=8,
+            lr=5e-3,
+            num_threads=1,
+            progress=False,
+        )  # fmt: skip
+    )
+
+
+def test_grpo_recipe_trains_lora_and_logs_metrics(warm_model, tmp_path):
+    recipe = load("grpo_clinical")
+    args = recipe.parse_args(
+        ["--model_name_or_path", warm_model, "--max_steps", "2", "--output_dir", str(tmp_path), *SMALL]
+    )
+    script_args, training_args, model_args = args
+    assert model_args.use_peft and training_args.beta == 0.0 and script_args.mode == "branch"
+    trainer = recipe.main(*args)
+    lora_b = [p for n, p in trainer.model.named_parameters() if "lora_B" in n]
+    assert lora_b and any(p.detach().abs().sum() > 0 for p in lora_b), "LoRA weights did not change"
+    logged = [h for h in trainer.state.log_history if "rollout/fallback_rate" in h]
+    assert len(logged) == 2
+    for key in ("reward", "frac_reward_zero_std", "rollout/action_entropy", "rollout/env_time_share",
+                "rollout/gen_tokens_per_decision", "rewards/env_return_reward/mean"):  # fmt: skip
+        assert key in logged[0], key
+    assert (tmp_path / "adapter_config.json").is_file()
+    assert json.loads((tmp_path / "run_info.json").read_text())["world_size"] == 1
+
+
+def test_grpo_recipe_window_mode_runs(warm_model, tmp_path):
+    recipe = load("grpo_clinical")
+    flags = ["--model_name_or_path", warm_model, "--max_steps", "1", "--output_dir", str(tmp_path), *SMALL]
+    trainer = recipe.main(*recipe.parse_args([*flags, "--mode", "window", "--window_turns", "2"]))
+    assert any("rollout/fallback_rate" in h for h in trainer.state.log_history)
+
+
+def test_sft_recipe_trains_and_reports(warm_model, tmp_path):
+    recipe = load("sft_clinical")
+    args = recipe.parse_args(
+        ["--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "3", "--train_seeds", "1",
+         "--heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe", "--save_strategy", "no"]
+    )  # fmt: skip
+    report = recipe.main(*args)
+    assert set(report) >= {"teacher_match", "strict_json_rate", "valid_action_rate", "predicted_action_types"}
+    assert (tmp_path / "adapter_config.json").is_file() and (tmp_path / "heldout_report.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("accelerate") is None and not Path(sys.executable).with_name("accelerate").exists(),
+                    reason="accelerate CLI not installed")  # fmt: skip
+def test_grpo_recipe_under_accelerate_launch_with_two_cpu_processes(warm_model, tmp_path):
+    launcher = Path(sys.executable).with_name("accelerate")
+    cmd = [str(launcher) if launcher.exists() else "accelerate", "launch", "--config_file",
+           str(ROOT / "accelerate_configs" / "cpu_ddp.yaml"), str(ROOT / "recipes" / "grpo_clinical.py"),
+           "--model_name_or_path", warm_model, "--max_steps", "2", "--output_dir", str(tmp_path), *SMALL,
+           "--per_device_train_batch_size", "8"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "run_info.json").read_text())["world_size"] == (
+        1 if torch.cuda.is_available() else 2
+    )
+    assert (tmp_path / "adapter_config.json").is_file()
