@@ -42,7 +42,9 @@ from recruit_trl.training import (  # noqa: E402
 from rewards import get_reward_funcs  # noqa: E402
 
 
-def main(script_args: ScriptArguments, training_args: GRPOConfig, model_args: ModelConfig) -> GRPOTrainer:
+def main(
+    script_args: ScriptArguments, training_args: GRPOConfig, model_args: ModelConfig, trainer_cls=GRPOTrainer
+) -> GRPOTrainer:
     if torch.cuda.is_available() is False:
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(1, training_args.world_size)))
 
@@ -81,7 +83,7 @@ def main(script_args: ScriptArguments, training_args: GRPOConfig, model_args: Mo
     rollout = make_rollout(script_args, interface)
     reward_funcs = get_reward_funcs(script_args.reward_funcs)
 
-    trainer = GRPOTrainer(
+    trainer = trainer_cls(
         model=model,
         reward_funcs=reward_funcs,
         args=training_args,
@@ -108,9 +110,11 @@ def _last_checkpoint(output_dir: str) -> str | None:
     return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, GRPOConfig, ModelConfig]:
+def parse_args(
+    argv: list[str] | None = None, defaults: dict | None = None
+) -> tuple[ScriptArguments, GRPOConfig, ModelConfig]:
     parser = TrlParser((ScriptArguments, GRPOConfig, ModelConfig))
-    parser.set_defaults(**cpu_defaults(), **model_defaults())
+    parser.set_defaults(**{**cpu_defaults(), **model_defaults(), **(defaults or {})})
     return parser.parse_args_and_config(args=argv)
 
 

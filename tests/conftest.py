@@ -20,3 +20,30 @@ def golden_episodes() -> list[dict]:
 @pytest.fixture(scope="session")
 def world_facts() -> dict:
     return json.loads(WORLD_FACTS_FILE.read_text())
+
+
+@pytest.fixture(scope="session")
+def warm_model(tmp_path_factory) -> str:
+    """A small model that answers in the index contract most of the time (so GRPO groups have variance)."""
+    import env.agent  # noqa: F401
+    from recruit_trl.models import build_tiny_model
+    from recruit_trl.protocol import get_env_interface
+    from recruit_trl.traces import collect_traces
+
+    rows = collect_traces(get_env_interface("clinical"), ["easy_bench", "hard_bench"], range(2), epsilon=0.5)
+    return str(
+        build_tiny_model(
+            tmp_path_factory.mktemp("warm") / "model",
+            rows,
+            hidden_size=64,
+            num_layers=1,
+            num_heads=2,
+            num_kv_heads=1,
+            intermediate_size=128,
+            max_steps=80,
+            batch_size=8,
+            lr=5e-3,
+            num_threads=1,
+            progress=False,
+        )  # fmt: skip
+    )
