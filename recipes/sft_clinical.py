@@ -50,6 +50,9 @@ class SFTScriptArguments:
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
     interface = get_env_interface(script_args.env)
     out = Path(training_args.output_dir)
+    if (out / "heldout_report.json").is_file() and (out / "adapter_config.json").is_file():
+        print(f"SFT already finished in {out}; delete the folder to train again")
+        return json.loads((out / "heldout_report.json").read_text())
 
     # 1. Teacher traces -> balanced train / held-out chat datasets (reused when already on disk).
     data_dir = out / "dataset"

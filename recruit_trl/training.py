@@ -67,6 +67,21 @@ class ScriptArguments(RolloutConfig):
     sft_adapter: str | None = field(
         default=None, metadata={"help": "A LoRA adapter (e.g. from recipes/sft_clinical.py) to start from."}
     )
+    warm_start: str = field(
+        default="auto",
+        metadata={"help": "'auto': run the SFT warm start first (cached in <output_dir>/sft) unless --sft_adapter; "
+                  "'none': start RL from the base model."},
+    )  # fmt: skip
+    teacher: str = field(default="expert", metadata={"help": "Teacher policy of the SFT warm start."})
+    sft_train_seeds: str = field(default="300-307", metadata={"help": "Episodes traced for the SFT warm start."})
+    sft_epochs: float = field(default=2.0, metadata={"help": "Epochs of the SFT warm start."})
+    report: bool = field(
+        default=True, metadata={"help": "Evaluate base / SFT / RL models and baselines at the end; write report.json."}
+    )
+    eval_seeds: str = field(default="0-9", metadata={"help": "Held-out reset seeds of the final evaluation."})
+    eval_baselines: list[str] = field(
+        default_factory=lambda: ["heuristic", "expert"], metadata={"help": "Environment policies evaluated alongside."}
+    )
 
 
 def tiny_corpus_fn(interface: EnvInterface, tasks, episodes_per_task: int, contract: str, recent_k: int):

@@ -19,6 +19,7 @@ ROOT = Path(__file__).parents[1]
 SMALL = [
     "--anchor_seeds", "100", "--anchor_days", "0-60:20", "--tasks", "easy_bench", "hard_bench",
     "--per_device_train_batch_size", "16", "--num_generations", "8", "--save_strategy", "no", "--horizon", "4",
+    "--warm_start", "none", "--report", "false",
 ]  # fmt: skip
 
 
@@ -83,3 +84,25 @@ def test_grpo_recipe_under_accelerate_launch_with_two_cpu_processes(warm_model, 
         1 if torch.cuda.is_available() else 2
     )
     assert (tmp_path / "adapter_config.json").is_file()
+
+
+def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
+    """Warm start (SFT) -> GRPO -> held-out report with plots, then a re-run that redoes nothing."""
+    recipe = load("grpo_clinical")
+    flags = [
+        "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "2",
+        "--tasks", "hard_bench_stage_30", "--anchor_seeds", "100", "--anchor_days", "0-20:10",
+        "--per_device_train_batch_size", "8", "--num_generations", "4", "--horizon", "3",
+        "--teacher", "safe", "--sft_train_seeds", "300", "--sft_epochs", "0.2",
+        "--eval_seeds", "0-1", "--eval_baselines", "heuristic", "--save_steps", "1",
+    ]  # fmt: skip
+    recipe.main(*recipe.parse_args(flags))
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert {r["policy"] for r in report["results"]} == {"base", "sft", "grpo", "heuristic"}
+    assert report["sft"]["valid_action_rate"] is not None
+    assert len(report["training"]["curves"]["step"]) == 2
+    for name in ("training_curves.png", "action_types.png", "final_scores.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    stamp = (tmp_path / "eval" / "grpo.json").stat().st_mtime
+    recipe.main(*recipe.parse_args(flags))  # finished: resumes at the last checkpoint, reuses SFT and evaluations
+    assert (tmp_path / "eval" / "grpo.json").stat().st_mtime == stamp

@@ -1,0 +1,144 @@
+"""Run reports: training curves from a trainer's log history, plots, ``report.json`` and a one-screen summary.
+
+Plots (PNG, written next to ``report.json``):
+* ``training_curves.png``: mean reward and invalid-action / fallback rates per optimizer step;
+* ``action_types.png``: the sampled action-type distribution per step (a collapse shows as one band taking over);
+* ``final_scores.png``: held-out final score of every evaluated policy per task, with the best reference policy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from recruit_trl.evaluate import REFERENCE_BEST, plot_results
+
+ACTION_PREFIX = "rollout/action_type/"
+CURVE_KEYS = (
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "rollout/invalid_action_rate",
+    "rollout/fallback_rate",
+    "rollout/action_entropy_normalized",
+    "rollout/env_time_share",
+    "step_time",
+)
+
+
+def training_curves(log_history: Sequence[dict[str, Any]]) -> dict[str, list]:
+    """Per-step series (``step`` plus :data:`CURVE_KEYS` and every action-type share) from ``log_history``."""
+    rows = [h for h in log_history if "reward" in h and "step" in h]
+    curves: dict[str, list] = {"step": [h["step"] for h in rows]}
+    keys = list(CURVE_KEYS) + sorted({k for h in rows for k in h if k.startswith(ACTION_PREFIX)})
+    for key in keys:
+        curves[key] = [h.get(key) for h in rows]
+    return curves
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_training(curves: dict[str, list], path: str | Path) -> Path:
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True)
+    steps = curves["step"]
+    top.plot(steps, curves["reward"], label="mean reward")
+    top.set_ylabel("reward")
+    top.legend(loc="best", fontsize=8)
+    rates = (
+        ("rollout/invalid_action_rate", "invalid-action rate"),
+        ("rollout/fallback_rate", "fallback rate"),
+        ("frac_reward_zero_std", "zero-variance groups"),
+    )
+    for key, label in rates:
+        if any(v is not None for v in curves.get(key, [])):
+            bottom.plot(steps, curves[key], label=label)
+    bottom.set_ylabel("fraction")
+    bottom.set_xlabel("optimizer step")
+    bottom.set_ylim(-0.02, 1.02)
+    bottom.legend(loc="best", fontsize=8)
+    fig.suptitle("GRPO training")
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def plot_action_types(curves: dict[str, list], path: str | Path) -> Path:
+    plt = _pyplot()
+    kinds = [k for k in curves if k.startswith(ACTION_PREFIX) and any(v for v in curves[k] if v)]
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    if kinds:
+        ax.stackplot(
+            curves["step"],
+            *[[v or 0.0 for v in curves[k]] for k in kinds],
+            labels=[k[len(ACTION_PREFIX) :] for k in kinds],
+        )
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("share of sampled actions")
+    ax.set_title("Action types during training")
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def _save(fig, plt, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(output_dir: str | Path, report: dict[str, Any]) -> dict[str, str]:
+    """Write ``report.json`` and the three plots into ``output_dir``; returns the written paths by name."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    curves = report.get("training", {}).get("curves")
+    if curves and curves.get("step"):
+        paths["training_curves"] = str(plot_training(curves, out / "training_curves.png"))
+        paths["action_types"] = str(plot_action_types(curves, out / "action_types.png"))
+    if report.get("results"):
+        paths["final_scores"] = str(plot_results(report["results"], out / "final_scores.png", "Held-out final score"))
+    report = {**report, "plots": paths}
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    paths["report"] = str(out / "report.json")
+    return paths
+
+
+def summary(report: dict[str, Any]) -> str:
+    """The one-screen summary printed at the end of a run."""
+    results = report.get("results", [])
+    tasks = list(dict.fromkeys(r["task"] for r in results))
+    policies = list(dict.fromkeys(r["policy"] for r in results))
+    head = f"{'policy':<12}" + "".join(f"{t:>24}" for t in tasks) + f"{'valid':>8}"
+    seeds = report.get("config", {}).get("eval_seeds", "?")
+    lines = [f"held-out final score (mean ± sd) and (enrolled), seeds {seeds}", head, "-" * len(head)]
+    for policy in policies:
+        cells, valid = [], []
+        for task in tasks:
+            r = next((x for x in results if x["policy"] == policy and x["task"] == task), None)
+            if r is None or r["final_score_mean"] is None:
+                cells.append(f"{'-':>24}")
+                continue
+            cells.append(
+                f"{r['final_score_mean']:>.3f} ± {r['final_score_sd']:.3f} ({r['enrolled_mean']:>4.1f})".rjust(24)
+            )
+            valid.append(r["valid_action_rate"])
+        v = f"{100 * min(valid):.0f}%" if valid else "-"
+        lines.append(f"{policy:<12}" + "".join(cells) + f"{v:>8}")
+    ref = "".join(f"{REFERENCE_BEST.get(t, float('nan')):>24.3f}" for t in tasks)
+    lines.append(f"{'reference':<12}{ref}")
+    for key in ("seconds", "output_dir"):
+        if key in report:
+            lines.append(f"{key}: {report[key]}")
+    return "\n".join(lines)
