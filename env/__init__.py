@@ -6,6 +6,7 @@ obs, info = env.reset(seed=0)
 obs, reward, terminated, truncated, info = env.step({"action_type": "screen_patient", "patient_id": "P-1149"})
 """
 
+import env.expert  # noqa: F401  (registers the grader_heuristic, expert, ... policies)
 from env.core import ClinicalRecruitmentEnv, EnvSnapshot
 from env.feature_vector import FEATURE_NAMES, STATE_DIM, features
 from env.models import ACTION_TYPES, HYPOTHESES, PLAN_PHASES, Action, validate_action

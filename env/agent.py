@@ -7,8 +7,11 @@ and registers it as ``"clinical"``. It is the only place where the plugin meets 
   plan and memory, and a digest of the last actions). Patients appear in the candidate list with their
   visible attributes, so nothing is shown twice.
 * Candidate actions (the ``index`` contract): every listed action is legal in the current state (budget,
-  holds and capacity are checked), ordered from most to least productive: allocate, recontact (only
-  patients that can still consent or enrol), screen, strategy changes, plan, memory, stop. Every candidate
+  holds and capacity are checked), ordered from most to least productive: allocate (the most urgent consent
+  to every open site, best success chance first; other consents to their best site), recontact (only
+  patients that can still consent or enrol), screen (every available patient), strategy changes (including
+  a negotiation with each site), plan (current phase, screening), memory (one ``site`` entry), stop. The set
+  covers the expert's decisions, so SFT traces of the expert need no off-list actions. Every candidate
   carries the hypothesis that matches the observed world type (the reference exposes it; see quirk 6) so the
   model only chooses *what to do*.
 * Safe fallback: the first candidate (the most productive legal action), used when a model output cannot
@@ -31,7 +34,9 @@ from recruit_trl.protocol import register_env
 
 WORLD_HYPOTHESIS = {"noise": "noise_dominant", "site_bias": "site_bias", "dropout": "dropout_dominant"}
 SHAPING = {"allocate_to_site": 0.20, "recontact": 0.15, "screen_patient": 0.10}
-STRATEGIES = ("increase_outreach", "tighten_criteria")
+STRATEGIES = ("increase_outreach", "relax_criteria", "tighten_criteria")
+# One memory entry, keyed "site": its default payload snapshots the best site, and recalling "site" finds it.
+MEMORY_KEY = "site"
 MAX_LISTED = 3  # patients listed per action kind (the observation shows up to 5): keeps prompts under ~400 tokens
 REWARD_FIELDS = (
     "env_return",
@@ -48,6 +53,21 @@ SYSTEM_PROMPT = "You run a clinical-trial recruitment campaign, one action per d
 def hypothesis_for(obs: Mapping[str, Any]) -> str:
     """The hypothesis that matches the observed world type (``noise_dominant`` when it is hidden)."""
     return WORLD_HYPOTHESIS.get(obs.get("world_type", ""), "noise_dominant")
+
+
+def allocation_chance(obs: Mapping[str, Any], patient: Mapping[str, Any], site_id: str) -> float:
+    """The environment's allocation success probability (spec 5.3), computed from the observation alone."""
+    p = obs["site_performance"][site_id]
+    chance = (
+        p["conversion_rate"]
+        * (1 - 0.3 * patient["dropout_risk"])
+        * max(0.55, 1 - p["avg_wait_days"] / 20)
+        * (0.8 + 0.25 * p["retention_rate"])
+    )
+    if obs["active_constraints"]["focused_site"] == site_id:
+        chance *= 1.15
+    chance *= max(0.7, 1 - obs["active_constraints"]["sentiment_pressure"])
+    return max(0.05, min(0.98, chance))
 
 
 def site_rank_key(stats: Mapping[str, float]) -> float:
@@ -116,9 +136,14 @@ class ClinicalInterface:
         if kind == "recontact":
             return f"recontact {pid}{facts}"
         if kind == "allocate_to_site":
-            return f"allocate {pid} {action.get('site_id') or 'best site'}{facts}"
+            site = (action.get("site_id") or "best site").removeprefix("site_")
+            return f"allocate {pid} to {site}{facts}"
         if kind == "adjust_strategy":
-            return f"strategy {action.get('strategy_change')}"
+            strategy = str(action.get("strategy_change"))
+            for prefix in ("focus_", "negotiate_"):
+                if strategy.startswith(prefix):  # "negotiate_site_D" -> "negotiate D"
+                    return f"{prefix[:-1]} {strategy[len(prefix) :].removeprefix('site_')}"
+            return strategy.replace("_", " ")
         if kind == "plan_next_phase":
             return f"plan {action.get('target_phase')}"
         if kind == "summarize_and_index":
@@ -150,36 +175,35 @@ class ClinicalInterface:
         def act(kind: str, **fields: Any) -> dict[str, Any]:
             return {"action_type": kind, "hypothesis": hyp, "confidence": 0.5, **fields}
 
-        open_sites = sorted(
-            (sid for sid, p in obs["site_performance"].items() if p["capacity_remaining"] > 0),
-            key=lambda sid: -site_rank_key(obs["site_performance"][sid]),
-        )
+        sites = obs["site_performance"]
+        open_sites = [sid for sid, p in sites.items() if p["capacity_remaining"] > 0]
         out: list[dict[str, Any]] = []
-        if open_sites and budget >= task.enrollment_cost:
-            for p in obs["allocation_candidates"][:MAX_LISTED]:
-                out.append(act("allocate_to_site", patient_id=p["id"], site_id=open_sites[0]))
-            if obs["allocation_candidates"]:  # the first patient may also go to the runner-up site
-                first = obs["allocation_candidates"][0]["id"]
-                out += [act("allocate_to_site", patient_id=first, site_id=sid) for sid in open_sites[1:2]]
+        allocatable = obs["allocation_candidates"]
+        if open_sites and allocatable and budget >= task.enrollment_cost:
+            # The first patient may go to any open site (best success chance first); the others to their best.
+            first = allocatable[0]
+            for sid in sorted(open_sites, key=lambda sid: -allocation_chance(obs, first, sid)):
+                out.append(act("allocate_to_site", patient_id=first["id"], site_id=sid))
+            for p in allocatable[1:MAX_LISTED]:
+                best = max(open_sites, key=lambda sid, p=p: allocation_chance(obs, p, sid))
+                out.append(act("allocate_to_site", patient_id=p["id"], site_id=best))
         if budget >= task.recontact_cost:
             useful = [p for p in obs["recontact_candidates"] if p["eligible"] or p["consented"]]
             out += [act("recontact", patient_id=p["id"]) for p in useful[:MAX_LISTED]]
         if not hold and budget >= task.screening_cost:
-            out += [act("screen_patient", patient_id=p["id"]) for p in obs["available_patients"][:MAX_LISTED]]
+            out += [act("screen_patient", patient_id=p["id"]) for p in obs["available_patients"]]
         if budget >= task.strategy_cost:
             out += [act("adjust_strategy", strategy_change=s) for s in STRATEGIES]
-            if len(open_sites) > 1 and obs["active_constraints"]["focused_site"] != open_sites[0]:
-                out.append(act("adjust_strategy", strategy_change=f"focus_{open_sites[0]}"))
-            if obs["site_performance"]:
-                tight = min(
-                    obs["site_performance"], key=lambda sid: obs["site_performance"][sid]["capacity_remaining"]
-                )
-                out.append(act("adjust_strategy", strategy_change=f"negotiate_{tight}"))
+            best_site = max(sites, key=lambda sid: site_rank_key(sites[sid]), default=None)
+            if len(sites) > 1 and obs["active_constraints"]["focused_site"] != best_site:
+                out.append(act("adjust_strategy", strategy_change=f"focus_{best_site}"))
+            out += [act("adjust_strategy", strategy_change=f"negotiate_{sid}") for sid in sites]
         phase = obs["current_plan"].get("target_phase") or "screening"
-        out.append(act("plan_next_phase", target_phase=phase))
-        out.append(act("summarize_and_index", memory_key=f"{phase}_{obs['active_milestone']}"))
+        for target in dict.fromkeys((phase, "screening")):
+            out.append(act("plan_next_phase", target_phase=target))
+        out.append(act("summarize_and_index", memory_key=MEMORY_KEY))
         if obs["indexed_memory_summary"]["entries"]:
-            out.append(act("retrieve_relevant_history", memory_query=phase))
+            out.append(act("retrieve_relevant_history", memory_query=MEMORY_KEY))
         progress = obs["enrolled_so_far"] / max(1, obs["target_enrollment"])
         out.append(act("stop_recruitment", confidence=round(min(1.0, progress), 3)))
         return out

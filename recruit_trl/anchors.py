@@ -111,7 +111,7 @@ class AnchorCache:
         done = False
         day = 0
         while day < anchor.day:
-            action = act(env, obs, rng) if act is not None else policy(obs, rng)
+            action = act(env, obs=obs, rng=rng) if act is not None else policy(obs, rng)
             obs, _, terminated, truncated, info = env.step(action)
             recent.append(digest(self.interface, day, action, info))
             day += 1

@@ -2,7 +2,7 @@
 
 Policies:
     * any policy the environment registers (``random``, ``heuristic``, ``expert``, ...), called as
-      ``policy(obs, rng)``; a policy object with ``act(env, obs, rng)`` is handed the live environment
+      ``policy(obs, rng)``; a policy object with ``act(env, obs=obs, rng=rng)`` is handed the live environment
       instead (planners that look ahead from the current state);
     * ``model:PATH``: a causal LM folder or a LoRA adapter folder (its base model is read from the adapter
       config). Model policies run all episodes in lock-step with batched generation, through the same
@@ -97,7 +97,7 @@ class Evaluator:
         if self.teacher is None:
             return None
         act = getattr(self.teacher, "act", None)
-        return act(env, obs, rng) if act is not None else self.teacher(obs, rng)
+        return act(env, obs=obs, rng=rng) if act is not None else self.teacher(obs, rng)
 
     # ------------------------------------------------------------------ policies
     def run_policy(self, name: str, progress: Callable[[int], None] | None = None) -> list[EpisodeLog]:
@@ -116,7 +116,7 @@ class Evaluator:
                 done = False
                 while not done:
                     taught = self._teacher_action(env, obs, teacher_rng)
-                    action = act(env, obs, rng) if act is not None else policy(obs, rng)
+                    action = act(env, obs=obs, rng=rng) if act is not None else policy(obs, rng)
                     obs, _, terminated, truncated, info = env.step(action)
                     done = terminated or truncated
                     self._record(log, action, info, parsed_json=None, valid=True, taught=taught)

@@ -27,7 +27,7 @@ Observation = dict[str, Any]
 Info = dict[str, Any]
 Action = dict[str, Any]
 # A policy maps an observation (and its own RNG) to an action; it never touches the environment's RNG.
-# A policy object may also offer ``act(env, obs, rng)``: callers that hold the live environment use it, so a
+# A policy object may also offer ``act(env, obs=obs, rng=rng)``: callers that hold the live environment use it, so a
 # planner can look ahead from the current state (re-seeding its simulated copies, never reading the true RNG).
 Policy = Callable[[Observation, random.Random], Action]
 StepResult = tuple[Observation, float, bool, bool, Info]

@@ -51,10 +51,12 @@ class RolloutConfig:
     mode: str = field(default="branch", metadata={"help": "Rollout mode: 'branch' or 'window'."})
     contract: str = field(default="index", metadata={"help": "Action contract: 'index' or 'json'."})
     horizon: int = field(
-        default=8, metadata={"help": "Days played by the continuation policy after the sampled action(s)."}
+        default=180,
+        metadata={"help": "Days played by the continuation policy after the sampled action(s) (180: to the end)."},
     )
     continuation_policy: str = field(
-        default="heuristic", metadata={"help": "Policy (registered by the environment) that plays the horizon."}
+        default="grader_heuristic",
+        metadata={"help": "Policy (registered by the environment) that plays the horizon."},
     )
     window_turns: int = field(default=4, metadata={"help": "Model decisions per completion in window mode."})
     recent_k: int = field(default=2, metadata={"help": "Recent actions shown in the prompt's digest."})

@@ -112,7 +112,7 @@ def collect_traces(
                     action = candidates[k]
                 elif policy is not None:
                     act = getattr(policy, "act", None)
-                    action = act(env, obs, rng) if act is not None else policy(obs, rng)
+                    action = act(env, obs=obs, rng=rng) if act is not None else policy(obs, rng)
                     k = match_candidate(action, candidates)
                 else:
                     k = pick(obs, candidates, rng)

@@ -15,9 +15,12 @@ from recruit_trl.protocol import EnvInterface
 from recruit_trl.rollout import RolloutConfig
 from recruit_trl.traces import collect_traces
 
-DEFAULT_REWARDS = ("env_return_reward", "format_reward", "action_shaping_reward", "final_score_reward")
+# The main job scores each sampled action by the final grade of its episode (continued to the end by a fast
+# policy, common random numbers within the group) plus a format term; see the README for the rationale.
+DEFAULT_REWARDS = ("final_score_reward", "format_reward")
+DEFAULT_REWARD_WEIGHTS = [1.0, 0.1]
 # Bump when the environment's prompt rendering changes: the cached tiny model was warmed on the old text.
-RENDER_VERSION = "render-1"
+RENDER_VERSION = "render-2"
 
 
 def parse_int_ranges(spec: str) -> list[int]:
@@ -53,7 +56,9 @@ class ScriptArguments(RolloutConfig):
     )
     anchor_seeds: str = field(default="100-107", metadata={"help": "Reset seeds of the anchors (0..99 are for eval)."})
     anchor_days: str = field(default="0-170:10", metadata={"help": "Days of the anchors, e.g. 0-170:10."})
-    anchor_policy: str = field(default="heuristic", metadata={"help": "Policy that plays the days before an anchor."})
+    anchor_policy: str = field(
+        default="grader_heuristic", metadata={"help": "Policy that plays the days before an anchor."}
+    )
     reward_funcs: list[str] = field(
         default_factory=lambda: list(DEFAULT_REWARDS),
         metadata={"help": "Reward functions from the `rewards` package, weighted by --reward_weights."},
@@ -145,6 +150,7 @@ def cpu_defaults() -> dict[str, Any]:
         "num_generations": 8,
         "max_steps": 30,
         "max_completion_length": 12,
+        "reward_weights": DEFAULT_REWARD_WEIGHTS,
         "beta": 0.0,
         "temperature": 1.0,
         "logging_steps": 1,

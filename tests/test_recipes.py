@@ -20,6 +20,7 @@ SMALL = [
     "--anchor_seeds", "100", "--anchor_days", "0-60:20", "--tasks", "easy_bench", "hard_bench",
     "--per_device_train_batch_size", "16", "--num_generations", "8", "--save_strategy", "no", "--horizon", "4",
     "--warm_start", "none", "--report", "false",
+    "--reward_funcs", "env_return_reward", "format_reward", "--reward_weights", "1.0", "1.0",
 ]  # fmt: skip
 
 
