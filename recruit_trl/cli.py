@@ -96,6 +96,7 @@ def _add_eval(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--env-url", help="evaluate against an environment server instead of in-process")
     p.add_argument("--transport", default="http", choices=("http", "ws"), help="transport with --env-url")
     p.add_argument("--contract", default="index", choices=("index", "json"), help="action contract of model policies")
+    p.add_argument("--recent-k", type=int, default=2, help="recent actions in model prompts (as in training)")
     p.add_argument("--teacher", help="policy to compute teacher match against (e.g. expert)")
     p.add_argument("--temperature", type=float, default=0.0, help="model sampling temperature (0 = greedy)")
     p.add_argument("--batch-size", type=int, default=64, help="episodes per batched generate() call")
@@ -116,6 +117,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         tasks=tuple(args.task or ("easy_bench", "medium_bench", "hard_bench")),
         seeds=tuple(parse_int_ranges(args.seeds)),
         contract=args.contract,
+        recent_k=args.recent_k,
         teacher=args.teacher,
         env_url=args.env_url,
         transport=args.transport,

@@ -107,3 +107,13 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     stamp = (tmp_path / "eval" / "grpo.json").stat().st_mtime
     recipe.main(*recipe.parse_args(flags))  # finished: resumes at the last checkpoint, reuses SFT and evaluations
     assert (tmp_path / "eval" / "grpo.json").stat().st_mtime == stamp
+
+
+def test_yaml_config_is_read_and_flags_override_it():
+    recipe = load("grpo_clinical")
+    script_args, training_args, model_args = recipe.parse_args(
+        ["--config", str(ROOT / "recipes" / "grpo_clinical.yaml"), "--max_steps", "7"]
+    )
+    assert training_args.output_dir == "outputs/grpo_clinical_yaml"
+    assert training_args.max_steps == 7 and training_args.reward_weights == [1.0, 0.1]
+    assert script_args.reward_funcs == ["final_score_reward", "format_reward"] and model_args.lora_r == 16
