@@ -44,7 +44,7 @@ from recruit_trl.training import (  # noqa: E402
     cpu_defaults,
     make_anchor_dataset,
     model_defaults,
-    resolve_policy_model,
+    resolve_model_for,
 )
 from rewards import get_reward_funcs  # noqa: E402
 
@@ -67,15 +67,7 @@ def main(
 
     # 2. Policy model (a local folder) and tokenizer.
     t0 = time.perf_counter()
-    model_path = resolve_policy_model(
-        model_args.model_name_or_path,
-        interface,
-        tasks=script_args.tasks,
-        contract=script_args.contract,
-        recent_k=script_args.recent_k,
-        corpus_episodes=script_args.tiny_corpus_seeds,
-        build_steps=script_args.tiny_build_steps,
-    )
+    model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
     timings["base_model"] = time.perf_counter() - t0
     tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
     training_args.model_init_kwargs = {

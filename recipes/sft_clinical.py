@@ -27,7 +27,7 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config, 
 
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.sft import build_sft_datasets, heldout_report
-from recruit_trl.training import model_defaults, parse_int_ranges, resolve_policy_model
+from recruit_trl.training import model_defaults, parse_int_ranges, resolve_model_for
 
 
 @dataclass
@@ -81,15 +81,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     print(f"{stats['heldout_rows']} held out")
 
     # 2. Model and LoRA fine-tuning on the completions.
-    model_path = resolve_policy_model(
-        model_args.model_name_or_path,
-        interface,
-        tasks=script_args.tasks,
-        contract=script_args.contract,
-        recent_k=script_args.recent_k,
-        corpus_episodes=script_args.tiny_corpus_seeds,
-        build_steps=script_args.tiny_build_steps,
-    )
+    model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     training_args.model_init_kwargs = {
         "dtype": model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype),

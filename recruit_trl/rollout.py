@@ -38,6 +38,8 @@ from recruit_trl.generation import policy_for_generation, sample
 from recruit_trl.protocol import Action, EnvInterface, get_env_interface
 
 MODES = ("branch", "window")
+# Per-row fields every rollout returns besides the environment's reward components.
+ROW_FIELDS = ("valid", "action_shaping", "final_score", "action_type", "action_error", "scored_steps")
 
 
 @dataclass
@@ -159,6 +161,18 @@ class _RolloutBase:
         self._prompt_ids: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------------ helpers
+    def _begin(self, prompts: list, trainer, tokenizer, step):
+        """Reset the cost counters; resolve the tokenizer, the optimizer step and the anchors of a call."""
+        self.scorer.env_seconds, self.scorer.env_steps = 0.0, 0
+        tokenizer = tokenizer or trainer.processing_class
+        step = step if step is not None else (trainer.state.global_step if trainer is not None else 0)
+        return tokenizer, step, [anchor_from_prompt(p) for p in prompts]
+
+    def _extra_fields(self, rows: list[dict[str, Any]]) -> dict[str, list]:
+        """The per-row fields forwarded to reward functions (one list per field, in row order)."""
+        names = (*self.interface.reward_fields, *ROW_FIELDS)
+        return {name: [r[name] for r in rows] for name in names}
+
     def encode_messages(self, tokenizer, messages: list[dict[str, str]]) -> list[int]:
         text = tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False, **self.config.template_kwargs
@@ -210,10 +224,7 @@ class BranchRollout(_RolloutBase):
 
     def __call__(self, prompts: list, trainer=None, *, model=None, tokenizer=None, generation_config=None, step=None):
         start = time.perf_counter()
-        self.scorer.env_seconds, self.scorer.env_steps = 0.0, 0
-        tokenizer = tokenizer or trainer.processing_class
-        step = step if step is not None else (trainer.state.global_step if trainer is not None else 0)
-        anchors = [anchor_from_prompt(p) for p in prompts]
+        tokenizer, step, anchors = self._begin(prompts, trainer, tokenizer, step)
         t0 = time.perf_counter()
         states = [self.cache.get(a) for a in anchors]
         candidates = [self.interface.candidate_actions(s.obs) for s in states]
@@ -228,9 +239,7 @@ class BranchRollout(_RolloutBase):
             parsed = parse_action(text, self.config.contract, self.interface, state.obs, cands)
             rows.append(self._score(anchor, state, parsed, step))
         out: dict[str, Any] = {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
-        for name in (*self.interface.reward_fields, "valid", "action_shaping", "final_score", "action_type",
-                     "action_error", "scored_steps"):  # fmt: skip
-            out[name] = [r[name] for r in rows]
+        out.update(self._extra_fields(rows))
         gen_tokens = sum(len(c) for c in completion_ids)
         prompt_tokens = sum(len(p) for p in prompt_ids)
         self.log_metrics(trainer, rows, time.perf_counter() - start, gen_tokens, len(rows), prompt_tokens)
@@ -278,10 +287,7 @@ class WindowRollout(_RolloutBase):
 
     def __call__(self, prompts: list, trainer=None, *, model=None, tokenizer=None, generation_config=None, step=None):
         start = time.perf_counter()
-        self.scorer.env_seconds, self.scorer.env_steps = 0.0, 0
-        tokenizer = tokenizer or trainer.processing_class
-        step = step if step is not None else (trainer.state.global_step if trainer is not None else 0)
-        anchors = [anchor_from_prompt(p) for p in prompts]
+        tokenizer, step, anchors = self._begin(prompts, trainer, tokenizer, step)
         states = [self.cache.get(a) for a in anchors]
         n = len(anchors)
         seeds = [group_seed(a, step, self.config.rollout_seed) for a in anchors]
@@ -364,9 +370,7 @@ class WindowRollout(_RolloutBase):
             "logprobs": logprobs,
             "env_mask": env_mask,
         }
-        for name in (*self.interface.reward_fields, "valid", "action_shaping", "final_score", "action_type",
-                     "action_error", "scored_steps"):  # fmt: skip
-            result[name] = [r[name] for r in out_rows]
+        result.update(self._extra_fields(out_rows))
         gen_tokens = sum(sum(m) for m in env_mask)
         decisions = sum(r["turns"] for r in rows)
         # Every decision reads a full state: the anchor prompt, then one environment turn per later decision.

@@ -124,6 +124,20 @@ def resolve_policy_model(
     )
 
 
+def resolve_model_for(name_or_path: str, args: Any, interface: EnvInterface) -> str:
+    """:func:`resolve_policy_model` with the recipe arguments (``tasks``, ``contract``, ``recent_k``,
+    ``tiny_corpus_seeds``, ``tiny_build_steps``)."""
+    return resolve_policy_model(
+        name_or_path,
+        interface,
+        tasks=args.tasks,
+        contract=args.contract,
+        recent_k=args.recent_k,
+        corpus_episodes=args.tiny_corpus_seeds,
+        build_steps=args.tiny_build_steps,
+    )
+
+
 def make_anchor_dataset(args: ScriptArguments, interface: EnvInterface, cache: AnchorCache | None = None):
     """Anchors over ``args.tasks`` x seeds x days whose prefix does not end the episode, as a Dataset."""
     anchors = build_anchors(
