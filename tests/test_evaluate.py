@@ -64,3 +64,37 @@ def test_eval_cli_writes_json_and_plot(tmp_path, capsys):
     assert set(report) == {"results", "config", "versions"}
     assert report["results"][0]["policy"] == "random" and png.is_file()
     assert "random" in capsys.readouterr().out
+
+
+def test_evaluation_against_a_server_matches_in_process():
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "env.server", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).parents[1])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        local = evaluate(["heuristic"], EvalConfig(tasks=(TASK,), seeds=(0, 1)), progress=False)["results"][0]
+        for transport in ("http", "ws"):
+            config = EvalConfig(tasks=(TASK,), seeds=(0, 1), env_url=url, transport=transport)
+            remote = evaluate(["heuristic"], config, progress=False)["results"][0]
+            assert remote["final_score_mean"] == local["final_score_mean"]
+            assert remote["action_types"] == local["action_types"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
