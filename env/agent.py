@@ -37,6 +37,7 @@ SHAPING = {"allocate_to_site": 0.20, "recontact": 0.15, "screen_patient": 0.10}
 STRATEGIES = ("increase_outreach", "relax_criteria", "tighten_criteria")
 # One memory entry, keyed "site": its default payload snapshots the best site, and recalling "site" finds it.
 MEMORY_KEY = "site"
+STOP_WINDOW = 20  # days before the deadline from which stop_recruitment is listed
 MAX_LISTED = 3  # patients listed per action kind (the observation shows up to 5): keeps prompts under ~400 tokens
 REWARD_FIELDS = (
     "env_return",
@@ -198,14 +199,20 @@ class ClinicalInterface:
             if len(sites) > 1 and obs["active_constraints"]["focused_site"] != best_site:
                 out.append(act("adjust_strategy", strategy_change=f"focus_{best_site}"))
             out += [act("adjust_strategy", strategy_change=f"negotiate_{sid}") for sid in sites]
-        phase = obs["current_plan"].get("target_phase") or "screening"
-        for target in dict.fromkeys((phase, "screening")):
-            out.append(act("plan_next_phase", target_phase=target))
-        out.append(act("summarize_and_index", memory_key=MEMORY_KEY))
-        if obs["indexed_memory_summary"]["entries"]:
-            out.append(act("retrieve_relevant_history", memory_query=MEMORY_KEY))
-        progress = obs["enrolled_so_far"] / max(1, obs["target_enrollment"])
-        out.append(act("stop_recruitment", confidence=round(min(1.0, progress), 3)))
+        # Free actions (plan, memory) leave the state almost unchanged, so a weak policy that picks one where a
+        # productive action exists can loop on it forever: list them only when nothing productive is legal or
+        # screening is on hold (when the expert uses them too).
+        productive = any(a["action_type"] in SHAPING for a in out)
+        if hold or not productive:
+            phase = obs["current_plan"].get("target_phase") or "screening"
+            for target in dict.fromkeys((phase, "screening")):
+                out.append(act("plan_next_phase", target_phase=target))
+            out.append(act("summarize_and_index", memory_key=MEMORY_KEY))
+            if obs["indexed_memory_summary"]["entries"]:
+                out.append(act("retrieve_relevant_history", memory_query=MEMORY_KEY))
+        if obs["time_to_deadline_days"] <= STOP_WINDOW:  # stopping early is never worth it before the endgame
+            progress = obs["enrolled_so_far"] / max(1, obs["target_enrollment"])
+            out.append(act("stop_recruitment", confidence=round(min(1.0, progress), 3)))
         return out
 
     def validate_action(self, payload: Mapping[str, Any], obs: Mapping[str, Any]) -> dict[str, Any]:

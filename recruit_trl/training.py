@@ -20,7 +20,7 @@ from recruit_trl.traces import collect_traces
 DEFAULT_REWARDS = ("final_score_reward", "format_reward")
 DEFAULT_REWARD_WEIGHTS = [1.0, 0.1]
 # Bump when the environment's prompt rendering changes: the cached tiny model was warmed on the old text.
-RENDER_VERSION = "render-2"
+RENDER_VERSION = "render-3"
 
 
 def parse_int_ranges(spec: str) -> list[int]:
