@@ -77,7 +77,7 @@ class EpisodeState:
         "consented", "is_enrolled", "dropped", "site_assigned", "followup", "attempts", "available",
         "active", "enrolled_set", "pressure", "dropped_count", "site_conv", "site_wait", "site_cap",
         "potential", "summary", "active_milestone", "uncertainty_components", "followthroughs",
-        "memory_hits", "last_error",
+        "memory_hits",
     )  # fmt: skip
 
     def clone(self) -> EpisodeState:
@@ -192,7 +192,7 @@ class ClinicalRecruitmentEnv:
         s.site_conv = [site.conversion_rate for site in world.sites]
         s.site_wait = [site.avg_wait_days for site in world.sites]
         s.site_cap = [site.capacity_total for site in world.sites]
-        s.potential, s.followthroughs, s.memory_hits, s.last_error = 0.0, 0, 0, None
+        s.potential, s.followthroughs, s.memory_hits = 0.0, 0, 0
         self.s = s
         self._refresh()
         return self._observation(), {"task": task.task_id, "difficulty": task.difficulty}
@@ -228,7 +228,6 @@ class ClinicalRecruitmentEnv:
         self._fire_due_effects(fx)
 
         error = self._apply_action(a, fx)
-        s.last_error = error
 
         s.backlog -= min(s.backlog, 2)
         if s.enrolled_set:

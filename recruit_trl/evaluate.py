@@ -51,7 +51,6 @@ class EvalConfig:
     batch_size: int = 64
     policy_seed: int = 0
     max_new_tokens: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -147,7 +146,6 @@ class Evaluator:
         recent: list[list[str]] = [[] for _ in episodes]
         rngs = [random.Random(seed) for _, seed in episodes]
         active = list(range(len(episodes)))
-        infos: list[dict] = [{} for _ in episodes]
         while active:
             candidates = {i: self.interface.candidate_actions(obs[i]) for i in active}
             prompts = []
@@ -169,7 +167,7 @@ class Evaluator:
                 strict = parse_json_object(text)[0] is not None
                 self._record(logs[i], parsed.action, info, parsed_json=strict, valid=parsed.valid, taught=taught)
                 recent[i].append(digest(self.interface, day, parsed.action, info))
-                obs[i], infos[i] = new_obs, info
+                obs[i] = new_obs
                 if terminated or truncated:
                     self._finish(logs[i], new_obs, info)
                     if progress:
