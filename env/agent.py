@@ -32,6 +32,7 @@ from env.core import ClinicalRecruitmentEnv
 from env.models import ACTION_TYPES, validate_action
 from env.policies import get_policy, register_policy
 from env.tasks import PUBLIC_TASK_IDS, get_task
+from env.world import hold_days
 from recruit_trl.protocol import register_env
 
 WORLD_HYPOTHESIS = {"noise": "noise_dominant", "site_bias": "site_bias", "dropout": "dropout_dominant"}
@@ -173,7 +174,11 @@ class ClinicalInterface:
         task = get_task(obs["task_id"])
         hyp = hypothesis_for(obs)
         budget = obs["budget_remaining"]
-        hold = obs["active_constraints"]["regulatory_hold_days"] > 0
+        t = obs["timestamp"]
+        # Calendar events and due consent lapses fire before the day's action (spec 6.1-6.2): a hold that starts
+        # today blocks screening, and a consent whose window closes today cannot be allocated. Both are known
+        # from the fixed calendar and the observation, so every listed action stays legal.
+        hold = obs["active_constraints"]["regulatory_hold_days"] > 0 or t in hold_days(obs["task_id"])
 
         def act(kind: str, **fields: Any) -> dict[str, Any]:
             return {"action_type": kind, "hypothesis": hyp, "confidence": 0.5, **fields}
@@ -181,7 +186,7 @@ class ClinicalInterface:
         sites = obs["site_performance"]
         open_sites = [sid for sid, p in sites.items() if p["capacity_remaining"] > 0]
         out: list[dict[str, Any]] = []
-        allocatable = obs["allocation_candidates"]
+        allocatable = [p for p in obs["allocation_candidates"] if _expiry(p) > t]
         if open_sites and allocatable and budget >= task.enrollment_cost:
             # The first patient may go to any open site (best success chance first); the others to their best.
             first = allocatable[0]
@@ -253,6 +258,12 @@ class ClinicalInterface:
 
     def final_score(self, info: Mapping[str, Any]) -> float | None:
         return info.get("final_score")
+
+
+def _expiry(patient: Mapping[str, Any]) -> float:
+    """The step at whose start the patient's consent lapses (its follow-up day), or infinity."""
+    due = patient.get("followup_due_day")
+    return float("inf") if due is None else due
 
 
 def _thousands(x: float) -> str:

@@ -124,7 +124,7 @@ from env.core import ClinicalRecruitmentEnv
 from env.graders import grade
 from env.policies import register_policy
 from env.tasks import TaskSpec, get_task
-from env.world import get_world
+from env.world import get_world, hold_days_of
 
 Obs = Mapping[str, Any]
 Action = dict[str, Any]
@@ -228,21 +228,6 @@ class TaskFacts:
     capacity: dict[str, int]
 
 
-def _hold_days(events: Mapping[int, tuple[str, ...]], horizon: int) -> frozenset[int]:
-    """Days on which a regulatory hold is active when the action runs (screening is blocked)."""
-    hold, out = 0, set()
-    for day in range(horizon):
-        for event in events.get(day, ()):
-            if event == "regulatory_hold":
-                hold = max(hold, 2)
-            elif event == "irb_delay":
-                hold = max(hold, 3)
-        if hold > 0:
-            out.add(day)
-            hold -= 1
-    return frozenset(out)
-
-
 def _project(events: Mapping[int, tuple[str, ...]], schedule: Mapping[int, tuple[str, ...]], horizon: int):
     """Criteria strictness and outreach multiplier in force when day ``d``'s action runs, for every day."""
     cs, om = 1.0, 1.0
@@ -277,7 +262,7 @@ def task_facts(task_id: str, mode: str = "score", early_stop: bool = True) -> Ta
     if not early_stop:
         knobs.update(NO_STOP_TUNING.get((base, mode), {}), stop_before_dropout=0)
     score = mode == "score"
-    blocked = _hold_days(events, horizon)
+    blocked = hold_days_of(events, horizon)
     dropout_days = tuple(d for d in sorted(events) if d < horizon and "patient_dropout" in events[d])
     windows = [(s, min(s + dur, horizon - 1)) for s, dur in task.curriculum]
     curriculum = frozenset(d for s, e in windows for d in range(s, e + 1))

@@ -108,6 +108,31 @@ def get_world(task_id: str) -> World:
     )
 
 
+def hold_days_of(events: dict[int, tuple[str, ...]], horizon: int) -> frozenset[int]:
+    """Days on which a regulatory hold is in force when that day's action runs (screening is blocked).
+
+    Calendar events fire at the start of a step, before the action, and the hold counter goes down at its end
+    (spec 6.1, 6.3): a ``regulatory_hold`` on day d blocks d and d+1, an ``irb_delay`` d, d+1 and d+2.
+    """
+    hold, out = 0, set()
+    for day in range(horizon):
+        for event in events.get(day, ()):
+            if event == "regulatory_hold":
+                hold = max(hold, 2)
+            elif event == "irb_delay":
+                hold = max(hold, 3)
+        if hold > 0:
+            out.add(day)
+            hold -= 1
+    return frozenset(out)
+
+
+@functools.cache
+def hold_days(task_id: str) -> frozenset[int]:
+    """:func:`hold_days_of` for a task's fixed calendar (the same for every reset seed)."""
+    return hold_days_of(get_world(task_id).events, get_task(task_id).max_steps)
+
+
 @functools.cache
 def _base_world(base_task_id: str) -> World:
     return generate_base_world(get_task(base_task_id))

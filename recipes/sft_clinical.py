@@ -8,16 +8,21 @@ Top to bottom:
 1. Arguments: ``SFTScriptArguments`` + TRL's ``SFTConfig`` + ``ModelConfig`` through ``TrlParser``.
 2. Data: teacher traces on ``--train_seeds`` (balanced by action type) and ``--heldout_seeds`` (untouched), as
    conversational prompt/completion rows; saved to ``<output_dir>/dataset`` and reused on re-runs.
-3. ``SFTTrainer`` trains a LoRA adapter on the completions only; the adapter and tokenizer are saved to
-   ``--output_dir``. Start GRPO / REINFORCE from it with ``--sft_adapter <output_dir>``.
-4. Held-out report (``<output_dir>/heldout_report.json``): teacher match, strict-JSON and valid-action rates,
+3. ``SFTTrainer`` trains a LoRA adapter on the completions only.
+4. DAgger (``--dagger_rounds N``): the adapter plays ``--dagger_seeds`` itself, the teacher labels every state
+   it reaches, and training continues on all data so far (``--dagger_epochs``); each round is cached in
+   ``<output_dir>/round-K``. The final adapter and tokenizer are saved to ``--output_dir``. Start GRPO /
+   REINFORCE from it with ``--sft_adapter <output_dir>``.
+5. Held-out report (``<output_dir>/heldout_report.json``): teacher match, strict-JSON and valid-action rates,
    predicted vs teacher action-type distributions.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +31,7 @@ from transformers import AutoTokenizer
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config, get_quantization_config
 
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.sft import build_sft_datasets, heldout_report
+from recruit_trl.sft import balance_action_types, build_sft_datasets, dagger_rows, heldout_report, to_conversational
 from recruit_trl.training import model_defaults, parse_int_ranges, resolve_model_for
 
 
@@ -43,6 +48,14 @@ class SFTScriptArguments:
     recent_k: int = field(default=2, metadata={"help": "Recent actions in the prompt digest (as in the rollouts)."})
     epsilon: float = field(default=0.1, metadata={"help": "Random-candidate rate while tracing (state coverage)."})
     max_type_fraction: float = field(default=0.35, metadata={"help": "Cap on any action type's share of rows."})
+    dagger_rounds: int = field(
+        default=0,
+        metadata={"help": "DAgger rounds after the first fit: the model plays, the teacher labels its states."},
+    )
+    dagger_seeds: str = field(
+        default="300-307", metadata={"help": "Reset seeds the model plays in each DAgger round."}
+    )
+    dagger_epochs: float = field(default=1.0, metadata={"help": "Epochs over all data so far in each DAgger round."})
     tiny_corpus_seeds: int = field(default=8, metadata={"help": "Warm-up episodes per task (model 'tiny' only)."})
     tiny_build_steps: int | None = field(default=None, metadata={"help": "Warm-up steps (model 'tiny' only)."})
 
@@ -80,7 +93,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     print(f"SFT data: {stats['train_rows']} train rows ({stats['train_rows_raw']} before balancing), ", end="")
     print(f"{stats['heldout_rows']} held out")
 
-    # 2. Model and LoRA fine-tuning on the completions.
+    # 2. Model and LoRA fine-tuning on the completions (round 0), then DAgger rounds on the model's own states.
     model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     training_args.model_init_kwargs = {
@@ -88,25 +101,86 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         "quantization_config": get_quantization_config(model_args),
         **(training_args.model_init_kwargs or {}),
     }
-    trainer = SFTTrainer(
-        model=model_path,
-        args=training_args,
-        train_dataset=train.remove_columns(["task", "seed", "day", "action_type", "candidate_types"]),
-        processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
-    )
-    trainer.train(resume_from_checkpoint=_last_checkpoint(training_args.output_dir))
-    trainer.save_model(training_args.output_dir)
+    rounds = script_args.dagger_rounds
+    data, model, dagger = train, None, []
+    for r in range(rounds + 1):
+        round_dir = out if rounds == 0 else out / f"round-{r}"
+        if r > 0:  # the previous round's adapter plays; the teacher labels the states it reaches
+            data, info = dagger_data(script_args, interface, data, out / f"round-{r - 1}", data_dir / f"dagger-{r}")
+            dagger.append({"round": r, **info})
+        if (round_dir / "adapter_config.json").is_file() and round_dir != out:
+            print(f"DAgger round {r} already trained in {round_dir}")
+            model = None
+            continue
+        if model is None and r > 0:
+            model = load_adapter(model_path, out / f"round-{r - 1}", training_args.model_init_kwargs)
+        args = copy.deepcopy(training_args)
+        args.output_dir = str(round_dir)
+        if r > 0:
+            args.num_train_epochs = script_args.dagger_epochs
+        trainer = SFTTrainer(
+            model=model if model is not None else model_path,
+            args=args,
+            train_dataset=data.remove_columns(["task", "seed", "day", "action_type", "candidate_types"]),
+            processing_class=tokenizer,
+            peft_config=get_peft_config(model_args) if model is None else None,
+        )
+        trainer.train(resume_from_checkpoint=_last_checkpoint(args.output_dir))
+        trainer.save_model(args.output_dir)
+        model = trainer.model
+    if model is None:  # every round was cached
+        model = load_adapter(model_path, out / f"round-{rounds}", training_args.model_init_kwargs)
+    model.save_pretrained(training_args.output_dir)
     tokenizer.save_pretrained(training_args.output_dir)
 
     # 3. Held-out report.
-    trainer.model.eval()
+    model.eval()
     tokenizer.padding_side = "left"
-    report = heldout_report(trainer.model, tokenizer, heldout, script_args.contract, interface=interface)
+    report = heldout_report(model, tokenizer, heldout, script_args.contract, interface=interface)
     report["data"] = stats
+    report["dagger"] = dagger
     (out / "heldout_report.json").write_text(json.dumps(report, indent=2))
     print(json.dumps({k: v for k, v in report.items() if k != "data"}, indent=2))
     return report
+
+
+def dagger_data(script_args: SFTScriptArguments, interface, data, policy_dir: Path, cache: Path):
+    """All data so far plus the teacher-labelled states that the adapter in ``policy_dir`` reaches (cached)."""
+    from datasets import concatenate_datasets, load_from_disk
+
+    if (cache / "info.json").is_file():
+        rows, info = load_from_disk(str(cache / "rows")), json.loads((cache / "info.json").read_text())
+    else:
+        labelled, student = dagger_rows(
+            str(policy_dir),
+            interface,
+            script_args.tasks,
+            parse_int_ranges(script_args.dagger_seeds),
+            teacher=script_args.teacher,
+            contract=script_args.contract,
+            recent_k=script_args.recent_k,
+            env=script_args.env,
+        )
+        rows = to_conversational(balance_action_types(labelled, script_args.max_type_fraction))
+        info = {
+            "student": {r["task"]: {k: r[k] for k in ("final_score_mean", "teacher_match")} for r in student},
+            "rows": len(rows),
+            "rows_raw": len(labelled),
+            "action_types": dict(Counter(r["action_type"] for r in labelled)),
+        }
+        rows.save_to_disk(str(cache / "rows"))
+        (cache / "info.json").write_text(json.dumps(info, indent=2))
+    print(f"DAgger: {info['rows']} new rows; the student scored {info['student']}")
+    return concatenate_datasets([data, rows]), info
+
+
+def load_adapter(model_path: str, adapter_dir: Path, init_kwargs: dict):
+    """The base model with the trainable LoRA adapter from ``adapter_dir``."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
+    return PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
 
 
 def _last_checkpoint(output_dir: str) -> str | None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from recruit_trl.contracts import CONTRACTS, MAX_NEW_TOKENS, build_messages, digest, parse_action, parse_json_object
 from recruit_trl.protocol import EnvInterface, get_env_interface
-from recruit_trl.traces import MATCH_FIELDS
+from recruit_trl.traces import MATCH_FIELDS, match_candidate, trace_row
 
 # Published reference figures (shared/spec/reference-results.md): best reference policy per task, and its LLMs.
 REFERENCE_BEST = {"easy_bench": 0.607, "medium_bench": 0.533, "hard_bench": 0.560}
@@ -83,6 +83,9 @@ class Evaluator:
         self.config = config
         self.interface = interface or get_env_interface(config.env)
         self.teacher = self.interface.get_policy(config.teacher) if config.teacher else None
+        # When a list (and a teacher is set), model runs append one trace row per decision: the state the model
+        # reached, labelled with the teacher's action (DAgger data; see recruit_trl.sft.dagger_rows).
+        self.labelled_rows: list[dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ environments
     def make_env(self, task: str):
@@ -148,10 +151,10 @@ class Evaluator:
         active = list(range(len(episodes)))
         while active:
             candidates = {i: self.interface.candidate_actions(obs[i]) for i in active}
-            prompts = []
+            prompts, messages_of = [], {}
             for i in active:
                 shown = recent[i][len(recent[i]) - cfg.recent_k :] if cfg.recent_k > 0 else []
-                messages = build_messages(self.interface, obs[i], shown, cfg.contract, candidates[i])
+                messages = messages_of[i] = build_messages(self.interface, obs[i], shown, cfg.contract, candidates[i])
                 text = tokenizer.apply_chat_template(
                     messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
                 )
@@ -163,6 +166,8 @@ class Evaluator:
                 parsed = parse_action(text, cfg.contract, self.interface, obs[i], candidates[i])
                 taught = self._teacher_action(envs[i], obs[i], rngs[i])
                 day = logs[i].length
+                if self.labelled_rows is not None and taught is not None:
+                    self._label(messages_of[i], candidates[i], taught, episodes[i], day)
                 new_obs, _, terminated, truncated, info = envs[i].step(parsed.action)
                 strict = parse_json_object(text)[0] is not None
                 self._record(logs[i], parsed.action, info, parsed_json=strict, valid=parsed.valid, taught=taught)
@@ -181,6 +186,14 @@ class Evaluator:
         return logs
 
     # ------------------------------------------------------------------ bookkeeping
+    def _label(self, messages, candidates, taught, episode: tuple[str, int], day: int) -> None:
+        if self.config.contract == "index" and match_candidate(taught, candidates) is None:
+            return  # the teacher's action is not listed: nothing the model could answer
+        task, seed = episode
+        self.labelled_rows.append(
+            trace_row(self.interface, messages, candidates, taught, self.config.contract, task, seed, day)
+        )
+
     def _record(self, log: EpisodeLog, action, info, parsed_json: bool | None, valid: bool, taught) -> None:
         log.length += 1
         log.decisions += 1

@@ -109,6 +109,47 @@ def build_sft_datasets(
     return to_conversational(balanced), to_conversational(heldout_rows), stats
 
 
+def dagger_rows(
+    policy_path: str,
+    interface: EnvInterface,
+    tasks: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    teacher: str,
+    contract: str = "index",
+    recent_k: int = 2,
+    env: str | None = None,
+    progress: bool = True,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """DAgger data: the model at ``policy_path`` plays full episodes (greedy, lock-step batched, as in evaluation)
+    and every state it reaches is labelled with ``teacher``'s action there.
+
+    Behaviour cloning sees only the teacher's own states; once the student errs it reaches states the teacher
+    never showed it and drifts further (compounding errors). These rows teach it how to recover from its own
+    mistakes.
+
+    Returns:
+        ``(rows, results)``: trace rows (as :func:`recruit_trl.traces.collect_traces` makes them) and the
+        evaluation rows of the student's episodes (final scores, teacher match, action types).
+    """
+    from recruit_trl.evaluate import EvalConfig, Evaluator, aggregate
+
+    config = EvalConfig(tasks=tuple(tasks), seeds=tuple(seeds), contract=contract, recent_k=recent_k, teacher=teacher)
+    if env is not None:
+        config.env = env
+    evaluator = Evaluator(config, interface)
+    evaluator.labelled_rows = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(tasks) * len(seeds), desc="DAgger: student episodes", unit="episode")
+    logs = evaluator.run_model(policy_path, progress=bar.update if bar else None)
+    if bar:
+        bar.close()
+    return evaluator.labelled_rows, aggregate("student", logs, is_model=True)
+
+
 def heldout_report(
     model, tokenizer, dataset, contract: str = "index", batch_size: int = 64, interface: EnvInterface | None = None
 ) -> dict[str, Any]:

@@ -48,6 +48,34 @@ def match_candidate(action: Action, candidates: Sequence[Action]) -> int | None:
     return None
 
 
+def trace_row(
+    interface: EnvInterface,
+    messages: list[dict[str, str]],
+    candidates: Sequence[Action],
+    action: Action,
+    contract: str,
+    task: str,
+    seed: int,
+    day: int,
+) -> dict[str, Any]:
+    """One trace row: the prompt ``messages`` and the answer that takes ``action`` (a listed candidate for the
+    index contract) under ``contract``."""
+    if contract == "index":
+        k = match_candidate(action, candidates)
+        if k is None:
+            raise ValueError(f"action {action} is not a listed candidate")
+        action = candidates[k]
+    return {
+        "messages": messages,
+        "completion": completion_text(action, contract, candidates),
+        "task": task,
+        "seed": seed,
+        "day": day,
+        "action_type": interface.action_type(action),
+        "candidate_types": [interface.action_type(c) for c in candidates],
+    }
+
+
 @dataclass
 class TraceStats:
     episodes: int = 0
@@ -67,6 +95,7 @@ def collect_traces(
     contract: str = "index",
     recent_k: int = 2,
     epsilon: float = 0.0,
+    relabel: bool = True,
     max_days: int | None = None,
     rng_seed: int = 0,
     stats: TraceStats | None = None,
@@ -81,8 +110,11 @@ def collect_traces(
         candidate_teacher: picks a candidate index (default :func:`first_candidate`).
         contract: ``"index"`` or ``"json"``.
         recent_k: recent actions in the prompt's digest (as in the rollouts).
-        epsilon: with this probability a uniformly random candidate is played instead (recorded as such),
-            which widens the state distribution and the action prior.
+        epsilon: with this probability a uniformly random (non-terminal) candidate is played instead, which
+            widens the state distribution: the policy then also sees states off the teacher's path.
+        relabel: record the teacher's action on every row, also where a random candidate was played (states
+            off the teacher's path labelled with how to recover, as in DART / DAgger); ``False`` records the
+            played action (widens the action prior, as the tiny model's warm-up corpus wants).
         max_days: stop each episode after this many days.
         rng_seed: seeds the teacher's and epsilon's RNG.
         stats: filled with counts when given.
@@ -107,38 +139,29 @@ def collect_traces(
                     for i, c in enumerate(candidates)
                     if interface.action_type(c) not in interface.terminal_action_types
                 ]
-                if epsilon and explorable and rng.random() < epsilon:
-                    k: int | None = rng.choice(explorable)
-                    action = candidates[k]
-                elif policy is not None:
+                explore = bool(epsilon and explorable and rng.random() < epsilon)
+                if policy is not None:
                     act = getattr(policy, "act", None)
                     action = act(env, obs=obs, rng=rng) if act is not None else policy(obs, rng)
-                    k = match_candidate(action, candidates)
+                    k: int | None = match_candidate(action, candidates)
                 else:
                     k = pick(obs, candidates, rng)
                     action = candidates[k]
+                played = candidates[rng.choice(explorable)] if explore else action
+                if explore and not relabel:
+                    action = played
+                    k = candidates.index(played)
                 if contract == "json" or k is not None:
                     shown = recent[len(recent) - recent_k :] if recent_k > 0 else []
-                    rows.append(
-                        {
-                            "messages": build_messages(interface, obs, shown, contract, candidates),
-                            "completion": completion_text(
-                                action if contract == "json" else candidates[k], contract, candidates
-                            ),
-                            "task": task,
-                            "seed": seed,
-                            "day": day,
-                            "action_type": interface.action_type(action),
-                            "candidate_types": [interface.action_type(c) for c in candidates],
-                        }
-                    )
+                    messages = build_messages(interface, obs, shown, contract, candidates)
+                    rows.append(trace_row(interface, messages, candidates, action, contract, task, seed, day))
                     stats.recorded += 1
                     kind = interface.action_type(action)
                     stats.action_types[kind] = stats.action_types.get(kind, 0) + 1
                 else:
                     stats.skipped += 1
-                obs, _, terminated, truncated, info = env.step(action)
-                recent.append(digest(interface, day, action, info))
+                obs, _, terminated, truncated, info = env.step(played)
+                recent.append(digest(interface, day, played, info))
                 day += 1
                 stats.steps += 1
                 done = terminated or truncated

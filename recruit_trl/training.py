@@ -20,7 +20,7 @@ from recruit_trl.traces import collect_traces
 DEFAULT_REWARDS = ("final_score_reward", "format_reward")
 DEFAULT_REWARD_WEIGHTS = [1.0, 0.1]
 # Bump when the environment's prompt rendering changes: the cached tiny model was warmed on the old text.
-RENDER_VERSION = "render-3"
+RENDER_VERSION = "render-4"
 
 
 def parse_int_ranges(spec: str) -> list[int]:
@@ -80,6 +80,12 @@ class ScriptArguments(RolloutConfig):
     teacher: str = field(default="expert", metadata={"help": "Teacher policy of the SFT warm start."})
     sft_train_seeds: str = field(default="300-307", metadata={"help": "Episodes traced for the SFT warm start."})
     sft_epochs: float = field(default=2.0, metadata={"help": "Epochs of the SFT warm start."})
+    sft_epsilon: float = field(
+        default=0.1, metadata={"help": "Random-candidate rate while tracing the teacher (states relabelled by it)."}
+    )
+    dagger_rounds: int = field(
+        default=0, metadata={"help": "DAgger rounds of the SFT warm start (the model plays, the teacher labels)."}
+    )
     report: bool = field(
         default=True, metadata={"help": "Evaluate base / SFT / RL models and baselines at the end; write report.json."}
     )
@@ -94,7 +100,13 @@ def tiny_corpus_fn(interface: EnvInterface, tasks, episodes_per_task: int, contr
 
     def corpus() -> list[dict[str, Any]]:
         return collect_traces(
-            interface, tasks, range(200, 200 + episodes_per_task), contract=contract, recent_k=recent_k, epsilon=0.3
+            interface,
+            tasks,
+            range(200, 200 + episodes_per_task),
+            contract=contract,
+            recent_k=recent_k,
+            epsilon=0.3,
+            relabel=False,
         )
 
     return corpus

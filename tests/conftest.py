@@ -30,7 +30,9 @@ def warm_model(tmp_path_factory) -> str:
     from recruit_trl.protocol import get_env_interface
     from recruit_trl.traces import collect_traces
 
-    rows = collect_traces(get_env_interface("clinical"), ["easy_bench", "hard_bench"], range(2), epsilon=0.5)
+    rows = collect_traces(
+        get_env_interface("clinical"), ["easy_bench", "hard_bench"], range(2), epsilon=0.5, relabel=False
+    )
     return str(
         build_tiny_model(
             tmp_path_factory.mktemp("warm") / "model",

@@ -103,3 +103,23 @@ def test_completion_text_targets(obs):
     )
     with pytest.raises(ValueError, match="not a listed candidate"):
         completion_text({"action_type": "stop_recruitment", "confidence": 0.123}, "index", candidates)
+
+
+@pytest.mark.parametrize("task", ["easy_bench", "medium_bench", "hard_bench"])
+def test_random_candidates_are_legal_for_whole_episodes(task):
+    """Holds that start today (fixed calendar) and consents whose window closes today are never listed."""
+    import random
+
+    env = ClinicalRecruitmentEnv(task)
+    errors, steps = [], 0
+    for seed in range(3):
+        rng = random.Random(seed)
+        obs, _ = env.reset(seed=seed)
+        done = False
+        while not done:
+            action = rng.choice(INTERFACE.candidate_actions(obs))
+            obs, _, terminated, truncated, info = env.step(action)
+            done, steps = terminated or truncated, steps + 1
+            if info["last_action_error"]:
+                errors.append((info["step"], action["action_type"], info["last_action_error"]))
+    assert steps > 300 and not errors, errors[:5]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from datasets import load_from_disk
 
 import env.agent  # noqa: F401
 
@@ -67,6 +68,28 @@ def test_sft_recipe_trains_and_reports(warm_model, tmp_path):
     report = recipe.main(*args)
     assert set(report) >= {"teacher_match", "strict_json_rate", "valid_action_rate", "predicted_action_types"}
     assert (tmp_path / "adapter_config.json").is_file() and (tmp_path / "heldout_report.json").is_file()
+
+
+def test_sft_recipe_dagger_round_labels_the_students_states(warm_model, tmp_path):
+    recipe = load("sft_clinical")
+    flags = [
+        "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "2", "--train_seeds", "1",
+        "--heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe", "--save_strategy", "no",
+        "--dagger_rounds", "1", "--dagger_seeds", "5",
+    ]  # fmt: skip
+    report = recipe.main(*recipe.parse_args(flags))
+    (info,) = report["dagger"]
+    # The safe teacher's action is always listed, so each of the student's 30 days is one labelled row.
+    assert info["round"] == 1 and info["rows_raw"] == 30 and set(info["student"]) == {"hard_bench_stage_30"}
+    rows = load_from_disk(str(tmp_path / "dataset" / "dagger-1" / "rows"))
+    assert set(rows["seed"]) == {5} and {c[0]["content"] for c in rows["completion"]} == {'{"action_index": 0}'}
+    for r in (0, 1):
+        assert (tmp_path / f"round-{r}" / "adapter_config.json").is_file()
+    assert (tmp_path / "adapter_config.json").is_file()
+    (tmp_path / "heldout_report.json").unlink()  # interrupted before the report: the rounds are not redone
+    stamp = (tmp_path / "round-1" / "adapter_model.safetensors").stat().st_mtime
+    assert recipe.main(*recipe.parse_args(flags))["dagger"] == report["dagger"]
+    assert (tmp_path / "round-1" / "adapter_model.safetensors").stat().st_mtime == stamp
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ ANCHORS = [Anchor("easy_bench", 101, 20), Anchor("hard_bench", 102, 60)]
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    rows = collect_traces(INTERFACE, ["easy_bench", "hard_bench"], range(1), epsilon=0.3, max_days=40)
+    rows = collect_traces(INTERFACE, ["easy_bench", "hard_bench"], range(1), epsilon=0.3, relabel=False, max_days=40)
     texts = [m["content"] for r in rows for m in r["messages"]] + [r["completion"] for r in rows]
     return build_tokenizer(texts, vocab_size=1024)
 

@@ -38,3 +38,19 @@ def test_datasets_split_by_seed_and_match_the_rollout_prompts():
     assert max(Counter(train["action_type"]).values()) / len(train) <= 0.5 + 1e-9
     with pytest.raises(ValueError, match="overlap"):
         build_sft_datasets(INTERFACE, ["hard_bench_stage_30"], [1], [1], teacher="safe")
+
+
+def test_exploration_is_relabelled_with_the_teacher_action():
+    """epsilon plays random candidates; relabel=True still records the teacher's answer for those states."""
+    from recruit_trl.traces import collect_traces
+
+    common = {"teacher": "safe", "max_days": 30, "rng_seed": 1}
+    clean = collect_traces(INTERFACE, ["medium_bench"], [5], **common)
+    relabelled = collect_traces(INTERFACE, ["medium_bench"], [5], epsilon=0.5, **common)
+    played = collect_traces(INTERFACE, ["medium_bench"], [5], epsilon=0.5, relabel=False, **common)
+    assert {r["completion"] for r in clean} == {'{"action_index": 0}'}
+    assert {r["completion"] for r in relabelled} == {'{"action_index": 0}'}  # the safe teacher always answers 0
+    # ...but on other states than the teacher's own path, the ones the exploration reached.
+    assert [r["messages"] for r in relabelled] != [r["messages"] for r in clean]
+    assert [r["messages"] for r in relabelled] == [r["messages"] for r in played]
+    assert len({r["completion"] for r in played}) > 1
