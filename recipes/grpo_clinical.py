@@ -5,7 +5,7 @@ With no arguments on a CPU machine this is the main job, end to end in one outpu
     accelerate launch recipes/grpo_clinical.py
     accelerate launch --config_file accelerate_configs/cpu_ddp.yaml recipes/grpo_clinical.py --max_steps 10
     accelerate launch --config_file accelerate_configs/single_gpu.yaml recipes/grpo_clinical.py \\
-        --model_name_or_path Qwen/Qwen3-4B --load_in_4bit --bf16 --per_device_train_batch_size 16
+        --model_name_or_path Qwen/Qwen3-4B --load_in_4bit --bf16 true --per_device_train_batch_size 16
     python recipes/grpo_clinical.py --config recipes/grpo_clinical.yaml
 
 Top to bottom:

@@ -2,7 +2,7 @@
 
     python recipes/sft_clinical.py                                  # CPU: tiny model, safe-agent teacher
     python recipes/sft_clinical.py --teacher expert --train_seeds 300-347
-    accelerate launch recipes/sft_clinical.py --model_name_or_path Qwen/Qwen3-4B --bf16 --load_in_4bit
+    accelerate launch recipes/sft_clinical.py --model_name_or_path Qwen/Qwen3-4B --bf16 true --load_in_4bit
 
 Top to bottom:
 1. Arguments: ``SFTScriptArguments`` + TRL's ``SFTConfig`` + ``ModelConfig`` through ``TrlParser``.

