@@ -6,16 +6,17 @@ and registers it as ``"clinical"``. It is the only place where the plugin meets 
 * Rendering: one short block per decision (day, budget, enrolment vs target, funnel, pressures, sites,
   plan and memory, and a digest of the last actions). Patients appear in the candidate list with their
   visible attributes, so nothing is shown twice.
-* Candidate actions (the ``index`` contract): every listed action is legal in the current state (budget,
-  holds and capacity are checked), ordered from most to least productive: allocate (the most urgent consent
-  to every open site, best success chance first; other consents to their best site), recontact (only
-  patients that can still consent or enrol), screen (every available patient), strategy changes (including
-  a negotiation with each site); plan (current phase, screening) and memory (one ``site`` entry) only on hold
-  days or when nothing productive is legal (free actions leave the state unchanged, and a weak policy that
-  picks one in a normal state loops on it); stop only in the last 20 days. The set covers about 83 % of the
-  expert's decisions; the rest (memory and plan chores on ordinary days) are not recorded in SFT traces.
-  Every candidate carries the hypothesis that matches the observed world type (the reference exposes it; see
-  quirk 6) so the model only chooses *what to do*.
+* Candidate actions (the ``index`` contract): every listed action is legal when it runs (budget, capacity,
+  holds, including a hold that the fixed calendar starts today, and consents that lapse at the start of today
+  are checked), ordered from most to least productive: allocate (the most urgent consent to every open site,
+  best success chance first; other consents to their best site), recontact (only patients that can still
+  consent or enrol), screen (every available patient), strategy changes (including a negotiation with each
+  site); plan (current phase, screening) and memory (one ``site`` entry) only on hold days, when nothing
+  productive is legal, or when spending would eat into the budget reserve the grader rewards (free actions
+  leave the state unchanged, and a weak policy that picks one in a normal state loops on it); stop only in
+  the last 20 days. The rest of the expert's decisions (memory and plan chores on ordinary days) are not
+  recorded in SFT traces. Every candidate carries the hypothesis that matches the observed world type (the
+  reference exposes it; see quirk 6) so the model only chooses *what to do*.
 * Safe fallback: the first candidate (the most productive legal action), used when a model output cannot
   be parsed; such steps are counted as invalid by the rollout.
 * Reward components per step: the environment reward, enrolment gain, screening successes, dropouts,
@@ -29,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from env.core import ClinicalRecruitmentEnv
+from env.graders import BUDGET_RESERVE
 from env.models import ACTION_TYPES, validate_action
 from env.policies import get_policy, register_policy
 from env.tasks import PUBLIC_TASK_IDS, get_task
@@ -209,8 +211,12 @@ class ClinicalInterface:
         # Free actions (plan, memory) leave the state almost unchanged, so a weak policy that picks one where a
         # productive action exists can loop on it forever: list them only when nothing productive is legal or
         # screening is on hold (when the expert uses them too).
+        # Also once any productive action would eat into the budget the grader wants kept (a weak policy that
+        # cannot wait otherwise spends everything).
         productive = any(a["action_type"] in SHAPING for a in out)
-        if hold or not productive:
+        reserve = BUDGET_RESERVE.get(task.base_task, 0.0) * obs["initial_budget"]
+        lean = budget - min(task.screening_cost, task.recontact_cost, task.enrollment_cost) < reserve
+        if hold or not productive or lean:
             phase = obs["current_plan"].get("target_phase") or "screening"
             for target in dict.fromkeys((phase, "screening")):
                 out.append(act("plan_next_phase", target_phase=target))

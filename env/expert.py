@@ -121,7 +121,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from env.core import ClinicalRecruitmentEnv
-from env.graders import grade
+from env.graders import BUDGET_RESERVE, grade
 from env.policies import register_policy
 from env.tasks import TaskSpec, get_task
 from env.world import get_world, hold_days_of
@@ -132,7 +132,6 @@ Action = dict[str, Any]
 WORLD_HYPOTHESIS = {"noise": "noise_dominant", "site_bias": "site_bias", "dropout": "dropout_dominant"}
 # When the observation hides the world type (fix "hide_world_type"), fall back to the task family's prior.
 DIFFICULTY_WORLD = {1: "noise", 2: "site_bias", 3: "dropout"}
-RESERVE = {"easy_bench": 0.20, "medium_bench": 0.15, "hard_bench": 0.10}  # the grader's budget-kept threshold
 MODES = ("score", "enrolment")
 MEMORY_KEY = "site"  # summarize_and_index key; retrieve queries use the same word, so they always hit
 RESERVE_MARGIN = 50.0  # dollars kept above the grader's reserve
@@ -362,7 +361,7 @@ def task_facts(task_id: str, mode: str = "score", early_stop: bool = True) -> Ta
         blocked=blocked,
         dropout_days=dropout_days,
         curriculum=curriculum,
-        reserve=RESERVE.get(base, 0.0) * task.budget + RESERVE_MARGIN if score else 0.0,
+        reserve=BUDGET_RESERVE.get(base, 0.0) * task.budget + RESERVE_MARGIN if score else 0.0,
         enrol_from=enrol_from,
         early_stop=early_stop,
         stop_at=stop_at,

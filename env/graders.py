@@ -98,7 +98,7 @@ def grade_easy(obs: Mapping[str, Any], history: History) -> float:
     efficiency = min(1.0, (funnel["eligible"] / screened) / 0.7) if screened else 0.0
     score = (
         0.30 * min(1.0, enrolled / target)
-        + 0.17 * _budget_kept(screened, 10, bf, 0.20)
+        + 0.17 * _budget_kept(screened, 10, bf, BUDGET_RESERVE["easy_bench"])
         + 0.17 * efficiency
         + 0.10 * timeline
         + 0.10 * _consistency(history)
@@ -121,7 +121,7 @@ def grade_medium(obs: Mapping[str, Any], history: History) -> float:
         0.25 * min(1.0, enrolled / target)
         + 0.15 * _retention(funnel, enrolled)
         + 0.15 * sites
-        + 0.10 * _budget_kept(funnel["screened"], 15, bf, 0.15)
+        + 0.10 * _budget_kept(funnel["screened"], 15, bf, BUDGET_RESERVE["medium_bench"])
         + 0.10 * _consistency(history)
         + 0.10 * _accuracy(history, obs["world_type"])
         + 0.05 * _plan_followthrough(history)
@@ -157,7 +157,7 @@ def grade_hard(obs: Mapping[str, Any], history: History) -> float:
     score = (
         0.15 * min(1.0, enrolled / target)
         + 0.10 * _retention(funnel, enrolled)
-        + 0.10 * _budget_kept(funnel["screened"], 20, bf, 0.10)
+        + 0.10 * _budget_kept(funnel["screened"], 20, bf, BUDGET_RESERVE["hard_bench"])
         + 0.10 * recovery
         + 0.10 * curric
         + 0.10 * strategy
@@ -169,6 +169,10 @@ def grade_hard(obs: Mapping[str, Any], history: History) -> float:
         + 0.05 * _token_grade(obs, history)
     )
     return _finish(score)
+
+
+#: The share of the initial budget each grader wants left at the end (its budget-kept term is full above it).
+BUDGET_RESERVE = {"easy_bench": 0.20, "medium_bench": 0.15, "hard_bench": 0.10}
 
 
 def _horizon(obs: Mapping[str, Any], history: History) -> int:

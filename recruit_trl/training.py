@@ -20,7 +20,7 @@ from recruit_trl.traces import collect_traces
 DEFAULT_REWARDS = ("final_score_reward", "format_reward")
 DEFAULT_REWARD_WEIGHTS = [1.0, 0.1]
 # Bump when the environment's prompt rendering changes: the cached tiny model was warmed on the old text.
-RENDER_VERSION = "render-4"
+RENDER_VERSION = "render-5"
 
 
 def parse_int_ranges(spec: str) -> list[int]:
@@ -84,7 +84,7 @@ class ScriptArguments(RolloutConfig):
         default=0.1, metadata={"help": "Random-candidate rate while tracing the teacher (states relabelled by it)."}
     )
     dagger_rounds: int = field(
-        default=0, metadata={"help": "DAgger rounds of the SFT warm start (the model plays, the teacher labels)."}
+        default=1, metadata={"help": "DAgger rounds of the SFT warm start (the model plays, the teacher labels)."}
     )
     report: bool = field(
         default=True, metadata={"help": "Evaluate base / SFT / RL models and baselines at the end; write report.json."}
@@ -174,7 +174,7 @@ def cpu_defaults() -> dict[str, Any]:
         "learning_rate": 5e-4,
         "per_device_train_batch_size": 32,
         "num_generations": 8,
-        "max_steps": 30,
+        "max_steps": 60,
         "max_completion_length": 12,
         "reward_weights": DEFAULT_REWARD_WEIGHTS,
         "beta": 0.0,
