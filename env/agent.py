@@ -11,14 +11,14 @@ and registers it as ``"clinical"``. It is the only place where the plugin meets 
   are checked), ordered from most to least productive: allocate (the most urgent consent to every open site,
   best success chance first; other consents to their best site), recontact (only patients that can still
   consent or enrol), screen (every available patient), strategy changes (including a negotiation with each
-  site); plan (current phase, screening) and memory (one ``site`` entry) only on hold days, when nothing
+  site); memory (one ``site`` entry) and plan (screening, current phase) only on hold days, when nothing
   productive is legal, or when spending would eat into the budget reserve the grader rewards (free actions
-  leave the state unchanged, and a weak policy that picks one in a normal state loops on it); stop only in
-  the last 20 days. The rest of the expert's decisions (memory and plan chores on ordinary days) are not
-  recorded in SFT traces. Every candidate carries the hypothesis that matches the observed world type (the
-  reference exposes it; see quirk 6) so the model only chooses *what to do*.
-* Safe fallback: the first candidate (the most productive legal action), used when a model output cannot
-  be parsed; such steps are counted as invalid by the rollout.
+  leave the state unchanged, and a weak policy that picks one in a normal state loops on it), and then at the
+  head of the list; stop only in the last 20 days. The rest of the expert's decisions (memory and plan chores
+  on ordinary days) are not recorded in SFT traces. Every candidate carries the hypothesis that matches the
+  observed world type (the reference exposes it; see quirk 6) so the model only chooses *what to do*.
+* Safe fallback: the most productive legal candidate (the first that is neither free nor ``stop``), used when
+  a model output cannot be parsed; such steps are counted as invalid by the rollout.
 * Reward components per step: the environment reward, enrolment gain, screening successes, dropouts,
   milestone bonus, hypothesis accuracy; plus the reference's action shaping for the sampled action
   (+0.20 allocate, +0.15 recontact, +0.10 screen, -0.10 adjust_strategy while a productive action exists).
@@ -39,6 +39,8 @@ from recruit_trl.protocol import register_env
 
 WORLD_HYPOTHESIS = {"noise": "noise_dominant", "site_bias": "site_bias", "dropout": "dropout_dominant"}
 SHAPING = {"allocate_to_site": 0.20, "recontact": 0.15, "screen_patient": 0.10}
+# Actions that do not move the campaign: the free ones (plan, memory) and stop; never the safe fallback's choice.
+PASSIVE_TYPES = frozenset({"plan_next_phase", "summarize_and_index", "retrieve_relevant_history", "stop_recruitment"})
 STRATEGIES = ("increase_outreach", "relax_criteria", "tighten_criteria")
 # One memory entry, keyed "site": its default payload snapshots the best site, and recalling "site" finds it.
 MEMORY_KEY = "site"
@@ -209,20 +211,22 @@ class ClinicalInterface:
                 out.append(act("adjust_strategy", strategy_change=f"focus_{best_site}"))
             out += [act("adjust_strategy", strategy_change=f"negotiate_{sid}") for sid in sites]
         # Free actions (plan, memory) leave the state almost unchanged, so a weak policy that picks one where a
-        # productive action exists can loop on it forever: list them only when nothing productive is legal or
-        # screening is on hold (when the expert uses them too).
-        # Also once any productive action would eat into the budget the grader wants kept (a weak policy that
-        # cannot wait otherwise spends everything).
+        # productive action exists can loop on it forever: list them only when nothing productive is legal,
+        # screening is on hold (when the expert uses them too), or any productive action would eat into the
+        # budget the grader wants kept (a policy that cannot wait otherwise spends everything). They come first,
+        # at fixed positions (recall, save, plans), because a small model finds an action by its index more
+        # easily at the head of a list whose length varies than at its tail.
         productive = any(a["action_type"] in SHAPING for a in out)
         reserve = BUDGET_RESERVE.get(task.base_task, 0.0) * obs["initial_budget"]
         lean = budget - min(task.screening_cost, task.recontact_cost, task.enrollment_cost) < reserve
         if hold or not productive or lean:
-            phase = obs["current_plan"].get("target_phase") or "screening"
-            for target in dict.fromkeys((phase, "screening")):
-                out.append(act("plan_next_phase", target_phase=target))
-            out.append(act("summarize_and_index", memory_key=MEMORY_KEY))
+            free = []
             if obs["indexed_memory_summary"]["entries"]:
-                out.append(act("retrieve_relevant_history", memory_query=MEMORY_KEY))
+                free.append(act("retrieve_relevant_history", memory_query=MEMORY_KEY))
+            free.append(act("summarize_and_index", memory_key=MEMORY_KEY))
+            phase = obs["current_plan"].get("target_phase") or "screening"
+            free += [act("plan_next_phase", target_phase=target) for target in dict.fromkeys(("screening", phase))]
+            out = free + out
         if obs["time_to_deadline_days"] <= STOP_WINDOW:  # stopping early is never worth it before the endgame
             progress = obs["enrolled_so_far"] / max(1, obs["target_enrollment"])
             out.append(act("stop_recruitment", confidence=round(min(1.0, progress), 3)))
@@ -232,7 +236,9 @@ class ClinicalInterface:
         return validate_action(dict(payload))
 
     def fallback_action(self, obs: Mapping[str, Any]) -> dict[str, Any]:
-        return self.candidate_actions(obs)[0]
+        """The most productive legal candidate: the first one that is neither free nor ``stop``."""
+        candidates = self.candidate_actions(obs)
+        return next((a for a in candidates if a["action_type"] not in PASSIVE_TYPES), candidates[0])
 
     # ------------------------------------------------------------------ rewards
     def step_components(

@@ -34,9 +34,14 @@ MATCH_FIELDS = (
 CandidateTeacher = Callable[[Observation, Sequence[Action], random.Random], int]
 
 
-def first_candidate(obs: Observation, candidates: Sequence[Action], rng: random.Random) -> int:
-    """The safe agent: the first (most productive) legal candidate."""
-    return 0
+def fallback_teacher(interface: EnvInterface) -> CandidateTeacher:
+    """The safe agent as a candidate teacher: the interface's fallback action."""
+
+    def pick(obs: Observation, candidates: Sequence[Action], rng: random.Random) -> int:
+        k = match_candidate(interface.fallback_action(obs), candidates)
+        return 0 if k is None else k
+
+    return pick
 
 
 def match_candidate(action: Action, candidates: Sequence[Action]) -> int | None:
@@ -107,7 +112,7 @@ def collect_traces(
         tasks, seeds: episodes to play (every task x seed).
         teacher: a policy name registered by the environment (or a ``policy(obs, rng)`` callable) that
             speaks in free actions; ``None`` uses ``candidate_teacher``.
-        candidate_teacher: picks a candidate index (default :func:`first_candidate`).
+        candidate_teacher: picks a candidate index (default :func:`fallback_teacher`, the safe agent).
         contract: ``"index"`` or ``"json"``.
         recent_k: recent actions in the prompt's digest (as in the rollouts).
         epsilon: with this probability a uniformly random (non-terminal) candidate is played instead, which
@@ -122,7 +127,7 @@ def collect_traces(
     stats = stats if stats is not None else TraceStats()
     rng = random.Random(rng_seed)
     policy = interface.get_policy(teacher) if isinstance(teacher, str) else teacher
-    pick = candidate_teacher or first_candidate
+    pick = candidate_teacher or fallback_teacher(interface)
     rows: list[dict[str, Any]] = []
     for task in tasks:
         env = interface.make_env(task)

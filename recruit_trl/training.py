@@ -18,9 +18,9 @@ from recruit_trl.traces import collect_traces
 # The main job scores each sampled action by the final grade of its episode (continued to the end by a fast
 # policy, common random numbers within the group) plus a format term; see the README for the rationale.
 DEFAULT_REWARDS = ("final_score_reward", "format_reward")
-DEFAULT_REWARD_WEIGHTS = [1.0, 0.1]
+DEFAULT_REWARD_WEIGHTS = [1.0, 0.5]
 # Bump when the environment's prompt rendering changes: the cached tiny model was warmed on the old text.
-RENDER_VERSION = "render-5"
+RENDER_VERSION = "render-6"
 
 
 def parse_int_ranges(spec: str) -> list[int]:
@@ -171,7 +171,7 @@ def cpu_defaults() -> dict[str, Any]:
 
     defaults: dict[str, Any] = {
         "output_dir": "outputs/grpo_clinical",
-        "learning_rate": 5e-4,
+        "learning_rate": 2e-4,
         "per_device_train_batch_size": 32,
         "num_generations": 8,
         "max_steps": 60,

@@ -123,3 +123,25 @@ def test_random_candidates_are_legal_for_whole_episodes(task):
             if info["last_action_error"]:
                 errors.append((info["step"], action["action_type"], info["last_action_error"]))
     assert steps > 300 and not errors, errors[:5]
+
+
+def test_free_actions_head_the_list_and_the_fallback_never_idles():
+    from env.agent import PASSIVE_TYPES
+
+    env = ClinicalRecruitmentEnv("hard_bench")
+    obs, _ = env.reset(seed=1)
+    done, seen_free = False, 0
+    while not done:
+        kinds = [c["action_type"] for c in INTERFACE.candidate_actions(obs)]
+        free = [k in PASSIVE_TYPES and k != "stop_recruitment" for k in kinds]
+        n_free = sum(free)
+        assert free[:n_free] == [True] * n_free, kinds  # a prefix, recall (when listed) first
+        if n_free and "retrieve_relevant_history" in kinds:
+            assert kinds[0] == "retrieve_relevant_history"
+        seen_free += bool(n_free)
+        action = INTERFACE.fallback_action(obs)
+        if any(k not in PASSIVE_TYPES for k in kinds):
+            assert action["action_type"] not in PASSIVE_TYPES
+        obs, _, terminated, truncated, _ = env.step(action)
+        done = terminated or truncated
+    assert seen_free > 5

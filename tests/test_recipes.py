@@ -25,6 +25,9 @@ SMALL = [
 ]  # fmt: skip
 
 
+PRODUCTIVE = {"allocate_to_site", "recontact", "screen_patient", "adjust_strategy"}
+
+
 def load(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "recipes" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
@@ -82,7 +85,7 @@ def test_sft_recipe_dagger_round_labels_the_students_states(warm_model, tmp_path
     # The safe teacher's action is always listed, so each of the student's 30 days is one labelled row.
     assert info["round"] == 1 and info["rows_raw"] == 30 and set(info["student"]) == {"hard_bench_stage_30"}
     rows = load_from_disk(str(tmp_path / "dataset" / "dagger-1" / "rows"))
-    assert set(rows["seed"]) == {5} and {c[0]["content"] for c in rows["completion"]} == {'{"action_index": 0}'}
+    assert set(rows["seed"]) == {5} and set(rows["action_type"]) <= PRODUCTIVE  # the safe agent never idles
     for r in (0, 1):
         assert (tmp_path / f"round-{r}" / "adapter_config.json").is_file()
     assert (tmp_path / "adapter_config.json").is_file()
@@ -138,5 +141,5 @@ def test_yaml_config_is_read_and_flags_override_it():
         ["--config", str(ROOT / "recipes" / "grpo_clinical.yaml"), "--max_steps", "7"]
     )
     assert training_args.output_dir == "outputs/grpo_clinical_yaml"
-    assert training_args.max_steps == 7 and training_args.reward_weights == [1.0, 0.1]
+    assert training_args.max_steps == 7 and training_args.reward_weights == [1.0, 0.5]
     assert script_args.reward_funcs == ["final_score_reward", "format_reward"] and model_args.lora_r == 16

@@ -48,9 +48,10 @@ def test_exploration_is_relabelled_with_the_teacher_action():
     clean = collect_traces(INTERFACE, ["medium_bench"], [5], **common)
     relabelled = collect_traces(INTERFACE, ["medium_bench"], [5], epsilon=0.5, **common)
     played = collect_traces(INTERFACE, ["medium_bench"], [5], epsilon=0.5, relabel=False, **common)
-    assert {r["completion"] for r in clean} == {'{"action_index": 0}'}
-    assert {r["completion"] for r in relabelled} == {'{"action_index": 0}'}  # the safe teacher always answers 0
-    # ...but on other states than the teacher's own path, the ones the exploration reached.
+    productive = {"allocate_to_site", "recontact", "screen_patient", "adjust_strategy"}
+    # The safe teacher never idles, also on the states the exploration reached (other states than its own path).
+    assert {r["action_type"] for r in clean} <= productive and {r["action_type"] for r in relabelled} <= productive
     assert [r["messages"] for r in relabelled] != [r["messages"] for r in clean]
     assert [r["messages"] for r in relabelled] == [r["messages"] for r in played]
-    assert len({r["completion"] for r in played}) > 1
+    # relabel=False records the random candidates that were played instead.
+    assert [r["completion"] for r in played] != [r["completion"] for r in relabelled]
