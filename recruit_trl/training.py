@@ -171,7 +171,7 @@ def cpu_defaults() -> dict[str, Any]:
 
     defaults: dict[str, Any] = {
         "output_dir": "outputs/grpo_clinical",
-        "learning_rate": 2e-4,
+        "learning_rate": 3e-4,
         "per_device_train_batch_size": 32,
         "num_generations": 8,
         "max_steps": 60,
