@@ -133,7 +133,7 @@ def run_warm_start(script_args, training_args, model_args, model_path: str) -> s
         "--contract", script_args.contract, "--recent_k", str(script_args.recent_k),
         "--num_train_epochs", str(script_args.sft_epochs), "--seed", str(training_args.seed),
         "--epsilon", str(script_args.sft_epsilon), "--dagger_rounds", str(script_args.dagger_rounds),
-        "--dagger_seeds", script_args.sft_train_seeds,
+        "--dagger_seeds", script_args.sft_train_seeds, "--balance_by_task", str(script_args.sft_balance_by_task),
         "--use_peft", str(model_args.use_peft), "--lora_r", str(model_args.lora_r),
         "--lora_alpha", str(model_args.lora_alpha), "--lora_target_modules", *targets,
     ]  # fmt: skip

@@ -48,6 +48,7 @@ class SFTScriptArguments:
     recent_k: int = field(default=2, metadata={"help": "Recent actions in the prompt digest (as in the rollouts)."})
     epsilon: float = field(default=0.1, metadata={"help": "Random-candidate rate while tracing (state coverage)."})
     max_type_fraction: float = field(default=0.35, metadata={"help": "Cap on any action type's share of rows."})
+    balance_by_task: bool = field(default=False, metadata={"help": "Apply the cap within every task's rows."})
     dagger_rounds: int = field(
         default=0,
         metadata={"help": "DAgger rounds after the first fit: the model plays, the teacher labels its states."},
@@ -85,6 +86,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
             recent_k=script_args.recent_k,
             epsilon=script_args.epsilon,
             max_type_fraction=script_args.max_type_fraction,
+            balance_by="task" if script_args.balance_by_task else None,
             seed=training_args.seed,
         )
         train.save_to_disk(str(data_dir / "train"))
@@ -161,7 +163,8 @@ def dagger_data(script_args: SFTScriptArguments, interface, data, policy_dir: Pa
             recent_k=script_args.recent_k,
             env=script_args.env,
         )
-        rows = to_conversational(balance_action_types(labelled, script_args.max_type_fraction))
+        group_by = "task" if script_args.balance_by_task else None
+        rows = to_conversational(balance_action_types(labelled, script_args.max_type_fraction, group_by=group_by))
         info = {
             "student": {r["task"]: {k: r[k] for k in ("final_score_mean", "teacher_match")} for r in student},
             "rows": len(rows),

@@ -21,13 +21,22 @@ from recruit_trl.protocol import EnvInterface
 from recruit_trl.traces import TraceStats, collect_traces
 
 
-def balance_action_types(rows: list[dict[str, Any]], max_type_fraction: float, seed: int = 0) -> list[dict[str, Any]]:
+def balance_action_types(
+    rows: list[dict[str, Any]], max_type_fraction: float, seed: int = 0, group_by: str | None = None
+) -> list[dict[str, Any]]:
     """Subsample over-represented action types so none exceeds ``max_type_fraction`` of the result.
 
-    Rows of each type are kept in their original order (a random subset of the capped types).
+    Rows of each type are kept in their original order (a random subset of the capped types). With ``group_by``
+    (e.g. ``"task"``) the cap holds within every group of rows sharing that field.
     """
     if not 0 < max_type_fraction <= 1:
         raise ValueError("max_type_fraction must be in (0, 1]")
+    if group_by is not None:
+        groups: dict[Any, list[dict[str, Any]]] = {}
+        for r in rows:
+            groups.setdefault(r[group_by], []).append(r)
+        kept_ids = {id(r) for g in groups.values() for r in balance_action_types(g, max_type_fraction, seed)}
+        return [r for r in rows if id(r) in kept_ids]
     counts = Counter(r["action_type"] for r in rows)
     kept = dict(counts)
     # Lower the largest types until each is within the cap of the (shrinking) total.
@@ -84,6 +93,7 @@ def build_sft_datasets(
     recent_k: int = 2,
     epsilon: float = 0.0,
     max_type_fraction: float = 0.35,
+    balance_by: str | None = None,
     seed: int = 0,
 ) -> tuple[Any, Any, dict[str, Any]]:
     """Teacher traces -> (train Dataset, held-out Dataset, stats). Only the training part is balanced."""
@@ -95,7 +105,7 @@ def build_sft_datasets(
         interface, tasks, train_seeds, epsilon=epsilon, stats=train_stats, rng_seed=seed, **common
     )
     heldout_rows = collect_traces(interface, tasks, heldout_seeds, stats=heldout_stats, rng_seed=seed + 1, **common)
-    balanced = balance_action_types(train_rows, max_type_fraction, seed)
+    balanced = balance_action_types(train_rows, max_type_fraction, seed, group_by=balance_by)
     stats = {
         "teacher": teacher,
         "train_rows_raw": len(train_rows),

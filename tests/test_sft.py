@@ -55,3 +55,15 @@ def test_exploration_is_relabelled_with_the_teacher_action():
     assert [r["messages"] for r in relabelled] == [r["messages"] for r in played]
     # relabel=False records the random candidates that were played instead.
     assert [r["completion"] for r in played] != [r["completion"] for r in relabelled]
+
+
+def test_balancing_by_task_caps_every_type_within_each_task():
+    rows = [{"task": "a", "action_type": "x"}] * 8 + [{"task": "a", "action_type": "y"}] * 2
+    rows += [{"task": "b", "action_type": "y"}] * 5 + [{"task": "b", "action_type": "z"}] * 5
+    rows = [dict(r, i=i) for i, r in enumerate(rows)]
+    overall = balance_action_types(rows, 0.5)
+    assert Counter(r["action_type"] for r in overall)["x"] == 8  # 8 of 20 rows: within the global cap
+    per_task = balance_action_types(rows, 0.5, group_by="task")
+    counts = Counter((r["task"], r["action_type"]) for r in per_task)
+    assert counts == {("a", "x"): 2, ("a", "y"): 2, ("b", "y"): 5, ("b", "z"): 5}
+    assert [r["i"] for r in per_task] == sorted(r["i"] for r in per_task)  # original order kept
