@@ -48,7 +48,7 @@ class SFTScriptArguments:
     recent_k: int = field(default=2, metadata={"help": "Recent actions in the prompt digest (as in the rollouts)."})
     epsilon: float = field(default=0.1, metadata={"help": "Random-candidate rate while tracing (state coverage)."})
     max_type_fraction: float = field(default=0.35, metadata={"help": "Cap on any action type's share of rows."})
-    balance_by_task: bool = field(default=False, metadata={"help": "Apply the cap within every task's rows."})
+    balance_by_task: bool = field(default=True, metadata={"help": "Apply the cap within every task's rows."})
     dagger_rounds: int = field(
         default=0,
         metadata={"help": "DAgger rounds after the first fit: the model plays, the teacher labels its states."},

@@ -84,7 +84,7 @@ class ScriptArguments(RolloutConfig):
         default=0.1, metadata={"help": "Random-candidate rate while tracing the teacher (states relabelled by it)."}
     )
     sft_balance_by_task: bool = field(
-        default=False, metadata={"help": "SFT warm start: cap every action type's share within each task's rows."}
+        default=True, metadata={"help": "SFT warm start: cap every action type's share within each task's rows."}
     )
     dagger_rounds: int = field(
         default=1, metadata={"help": "DAgger rounds of the SFT warm start (the model plays, the teacher labels)."}
