@@ -6,8 +6,8 @@
 
 Top to bottom:
 1. Arguments: ``SFTScriptArguments`` + TRL's ``SFTConfig`` + ``ModelConfig`` through ``TrlParser``.
-2. Data: teacher traces on ``--train_seeds`` (balanced by action type) and ``--heldout_seeds`` (untouched), as
-   conversational prompt/completion rows; saved to ``<output_dir>/dataset`` and reused on re-runs.
+2. Data: teacher traces on ``--train_seeds`` (balanced by action type within each task) and ``--heldout_seeds``
+   (untouched), as conversational prompt/completion rows; saved to ``<output_dir>/dataset`` and reused on re-runs.
 3. ``SFTTrainer`` trains a LoRA adapter on the completions only.
 4. DAgger (``--dagger_rounds N``): the adapter plays ``--dagger_seeds`` itself, the teacher labels every state
    it reaches, and training continues on all data so far (``--dagger_epochs``); each round is cached in

@@ -187,8 +187,11 @@ class Evaluator:
 
     # ------------------------------------------------------------------ bookkeeping
     def _label(self, messages, candidates, taught, episode: tuple[str, int], day: int) -> None:
-        if self.config.contract == "index" and match_candidate(taught, candidates) is None:
-            return  # the teacher's action is not listed: nothing the model could answer
+        if self.config.contract == "index":
+            k = match_candidate(taught, candidates)
+            if k is None:
+                return  # the teacher's action is not listed: nothing the model could answer
+            taught = candidates[k]
         task, seed = episode
         self.labelled_rows.append(
             trace_row(self.interface, messages, candidates, taught, self.config.contract, task, seed, day)

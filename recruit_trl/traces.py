@@ -34,6 +34,11 @@ MATCH_FIELDS = (
 CandidateTeacher = Callable[[Observation, Sequence[Action], random.Random], int]
 
 
+def first_candidate(obs: Observation, candidates: Sequence[Action], rng: random.Random) -> int:
+    """The first listed candidate (a candidate teacher)."""
+    return 0
+
+
 def fallback_teacher(interface: EnvInterface) -> CandidateTeacher:
     """The safe agent as a candidate teacher: the interface's fallback action."""
 
@@ -63,13 +68,8 @@ def trace_row(
     seed: int,
     day: int,
 ) -> dict[str, Any]:
-    """One trace row: the prompt ``messages`` and the answer that takes ``action`` (a listed candidate for the
-    index contract) under ``contract``."""
-    if contract == "index":
-        k = match_candidate(action, candidates)
-        if k is None:
-            raise ValueError(f"action {action} is not a listed candidate")
-        action = candidates[k]
+    """One trace row: the prompt ``messages`` and the answer that takes ``action`` under ``contract`` (for the index
+    contract ``action`` must be one of ``candidates``, e.g. ``candidates[match_candidate(...)]``)."""
     return {
         "messages": messages,
         "completion": completion_text(action, contract, candidates),
@@ -159,7 +159,8 @@ def collect_traces(
                 if contract == "json" or k is not None:
                     shown = recent[len(recent) - recent_k :] if recent_k > 0 else []
                     messages = build_messages(interface, obs, shown, contract, candidates)
-                    rows.append(trace_row(interface, messages, candidates, action, contract, task, seed, day))
+                    label = action if contract == "json" else candidates[k]
+                    rows.append(trace_row(interface, messages, candidates, label, contract, task, seed, day))
                     stats.recorded += 1
                     kind = interface.action_type(action)
                     stats.action_types[kind] = stats.action_types.get(kind, 0) + 1

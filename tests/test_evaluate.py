@@ -67,28 +67,11 @@ def test_eval_cli_writes_json_and_plot(tmp_path, capsys):
 
 
 def test_evaluation_against_a_server_matches_in_process():
-    import socket
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
+    from servers import env_server_cmd, free_port, start_server, stop_server
 
-    import httpx
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "env.server", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, cwd=Path(__file__).parents[1])
-    url = f"http://127.0.0.1:{port}"
+    port = free_port()
+    proc, url = start_server(env_server_cmd(port), port)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.05)
         local = evaluate(["heuristic"], EvalConfig(tasks=(TASK,), seeds=(0, 1)), progress=False)["results"][0]
         for transport in ("http", "ws"):
             config = EvalConfig(tasks=(TASK,), seeds=(0, 1), env_url=url, transport=transport)
@@ -96,5 +79,4 @@ def test_evaluation_against_a_server_matches_in_process():
             assert remote["final_score_mean"] == local["final_score_mean"]
             assert remote["action_types"] == local["action_types"]
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_server(proc)

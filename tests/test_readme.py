@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import re
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from servers import env_server_cmd, free_port, start_server, stop_server
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
@@ -19,26 +16,10 @@ README_URL = "http://127.0.0.1:8000"
 
 @pytest.fixture(scope="module")
 def server_url():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "env.server", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    import httpx
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
+    port = free_port()
+    proc, url = start_server(env_server_cmd(port), port)
     yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    stop_server(proc)
 
 
 @pytest.mark.parametrize("index", range(len(SNIPPETS)))

@@ -11,14 +11,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+from servers import free_port, start_server, stop_server
 
 ROOT = Path(__file__).parents[1]
 README = (ROOT / "README.md").read_text()
@@ -141,29 +140,13 @@ def test_gpu_commands_parse_and_their_configs_load():
 
 @pytest.fixture(scope="module")
 def server_url():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     # The README's serve command, on a free port.
     (command,) = [c for c in commands_matching("recruit-trl serve") if "--port" in c]
     argv = shlex.split(command.replace("--port 8000", f"--port {port}"))
-    proc = subprocess.Popen([str(BIN / argv[0]) if (BIN / argv[0]).exists() else argv[0], *argv[1:]], cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    import httpx
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    else:
-        proc.kill()
-        pytest.fail("recruit-trl serve did not come up")
+    proc, url = start_server([str(BIN / argv[0]) if (BIN / argv[0]).exists() else argv[0], *argv[1:]], port)
     yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    stop_server(proc)
 
 
 def test_recruit_trl_eval_commands(warm_model, server_url, tmp_path):

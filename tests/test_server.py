@@ -7,9 +7,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import re
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +17,8 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("websockets")
 
+from servers import env_server_cmd, free_port, start_server, stop_server  # noqa: E402
+
 from env import TASKS, ClinicalRecruitmentEnv, heuristic_policy  # noqa: E402
 from env.client import OBSERVATION_FIELDS, RemoteEnv, SessionLostError  # noqa: E402
 
@@ -29,53 +28,23 @@ SESSION_LOST = {"detail": "Session expired or missing. Call /reset first."}
 SCREEN = {"action_type": "screen_patient", "patient_id": "P-1149", "hypothesis": "noise_dominant", "confidence": 0.7}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(*extra: str):
-    port = _free_port()
-    cmd = [sys.executable, "-m", "env.server", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen([*cmd, *extra], cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("server did not become healthy")
-        time.sleep(0.05)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    port = free_port()
+    return start_server(env_server_cmd(port, *extra), port)
 
 
 @pytest.fixture(scope="session")
 def server():
     proc, url = _serve()
     yield url
-    _stop(proc)
+    stop_server(proc)
 
 
 @pytest.fixture(scope="session")
 def small_server():
     proc, url = _serve("--max-sessions", "2")
     yield url
-    _stop(proc)
+    stop_server(proc)
 
 
 @pytest.fixture()
@@ -384,7 +353,7 @@ def test_step_retries_only_unsent_requests(server):
 
 
 def test_unreachable_server_fails_fast_after_retries():
-    port = _free_port()
+    port = free_port()
     start = time.monotonic()
     with RemoteEnv(f"http://127.0.0.1:{port}", retries=2, timeout=2) as env:
         with pytest.raises(RuntimeError, match="3 attempt"):

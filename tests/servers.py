@@ -1,0 +1,57 @@
+"""Real environment-server processes for tests: start one on a free loopback port, wait until it is healthy."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_server_cmd(port: int, *extra: str) -> list[str]:
+    """``python -m env.server`` on 127.0.0.1:``port``."""
+    return [sys.executable, "-m", "env.server", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+            *extra]  # fmt: skip
+
+
+def start_server(cmd: list[str], port: int, timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
+    """Run ``cmd`` (a server listening on ``port``) and return ``(process, url)`` once ``/health`` answers 200.
+
+    Raises:
+        RuntimeError: the process exited or did not become healthy within ``timeout`` seconds (it is killed).
+    """
+    import httpx
+
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("server did not become healthy")
+        time.sleep(0.05)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
