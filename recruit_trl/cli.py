@@ -102,6 +102,7 @@ def _add_eval(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="episodes per batched generate() call")
     p.add_argument("--json", help="write {results, config, versions} to this file")
     p.add_argument("--plot", help="write a PNG comparing the policies' final scores")
+    p.add_argument("--trace", help="write every decision (action, teacher's action, outcome) as JSON lines here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
 
@@ -124,8 +125,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         batch_size=args.batch_size,
     )
-    report = evaluate(args.policy, config, progress=not args.no_progress)
+    report = evaluate(args.policy, config, progress=not args.no_progress, trace_path=args.trace)
     print(format_table(report["results"]))
+    if args.trace:
+        print(f"wrote {args.trace}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=2)

@@ -14,6 +14,11 @@ the contract and the environment reported no error), fallback rate, teacher matc
 equal to a named teacher policy's on the same observation) and the action-type distribution.
 
 Episodes run in-process, or against an environment server (``env_url``) through ``env.client.RemoteEnv``.
+
+Per-decision trace (``recruit-trl eval --trace FILE``): one JSON line per decision with the policy, task, seed,
+day, the action played and the teacher's action (both as the prompt describes them), whether they match, whether
+the decision was valid, and its outcome. Aggregates say *that* a model drifts; the trace shows where: e.g. a
+student that negotiates every day on medium while the expert waits until the last scheduled dropout.
 """
 
 from __future__ import annotations
@@ -86,6 +91,8 @@ class Evaluator:
         # When a list (and a teacher is set), model runs append one trace row per decision: the state the model
         # reached, labelled with the teacher's action (DAgger data; see recruit_trl.sft.dagger_rows).
         self.labelled_rows: list[dict[str, Any]] | None = None
+        # When a list, every decision of every policy appends one trace record (see the module docstring).
+        self.trace: list[dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ environments
     def make_env(self, task: str):
@@ -198,6 +205,20 @@ class Evaluator:
         )
 
     def _record(self, log: EpisodeLog, action, info, parsed_json: bool | None, valid: bool, taught) -> None:
+        if self.trace is not None:
+            describe = self.interface.describe_action
+            self.trace.append(
+                {
+                    "task": log.task,
+                    "seed": log.seed,
+                    "day": log.length,
+                    "action": describe(action),
+                    "teacher": describe(taught) if taught is not None else None,
+                    "match": _match(action, taught) if taught is not None else None,
+                    "valid": bool(valid and not info.get("last_action_error")),
+                    "outcome": self.interface.outcome(info),
+                }
+            )
         log.length += 1
         log.decisions += 1
         log.action_types[self.interface.action_type(action)] += 1
@@ -247,10 +268,24 @@ def aggregate(policy: str, logs: Sequence[EpisodeLog], is_model: bool) -> list[d
 
 
 def evaluate(
-    policies: Sequence[str], config: EvalConfig, *, progress: bool = True, labels: Sequence[str] | None = None
+    policies: Sequence[str],
+    config: EvalConfig,
+    *,
+    progress: bool = True,
+    labels: Sequence[str] | None = None,
+    trace_path: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Evaluate every policy; returns ``{"results": [...], "config": {...}, "versions": {...}}``."""
+    """Evaluate every policy; returns ``{"results": [...], "config": {...}, "versions": {...}}``.
+
+    Args:
+        policies: policy names or ``model:PATH``.
+        config: tasks, seeds, contract, teacher, ...
+        progress: show a progress bar over episodes.
+        labels: names for the policies in the results (default: the names themselves).
+        trace_path: write the per-decision trace (JSON lines, ``policy`` added to each record) here.
+    """
     evaluator = Evaluator(config)
+    trace: list[dict[str, Any]] = []
     results = []
     total = len(policies) * len(config.tasks) * len(config.seeds)
     bar = None
@@ -262,11 +297,16 @@ def evaluate(
     for k, name in enumerate(policies):
         label = labels[k] if labels else name
         start = time.perf_counter()
+        evaluator.trace = [] if trace_path is not None else None
         logs = evaluator.run_policy(name, progress=bar.update if bar else None)
         timings[label] = round((time.perf_counter() - start) / max(1, len(logs)), 3)
         results.extend(aggregate(label, logs, name.startswith("model:")))
+        trace += [{"policy": label, **record} for record in evaluator.trace or ()]
     if bar:
         bar.close()
+    if trace_path is not None:
+        Path(trace_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(trace_path).write_text("".join(json.dumps(record) + "\n" for record in trace))
     cfg = {k: (list(v) if isinstance(v, tuple | range) else v) for k, v in config.__dict__.items()}
     cfg["policies"] = list(policies)
     cfg["seconds_per_episode"] = timings

@@ -66,6 +66,24 @@ def test_eval_cli_writes_json_and_plot(tmp_path, capsys):
     assert "random" in capsys.readouterr().out
 
 
+def test_trace_records_every_decision_and_agrees_with_the_aggregates(tiny_model, tmp_path, capsys):
+    path = tmp_path / "trace" / "decisions.jsonl"
+    args = ["eval", "--policy", "safe", "--policy", f"model:{tiny_model}", "--task", TASK, "--seeds", "0-1"]
+    out = tmp_path / "eval.json"
+    assert cli([*args, "--teacher", "heuristic", "--trace", str(path), "--json", str(out), "--no-progress"]) == 0
+    assert f"wrote {path}" in capsys.readouterr().out
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    results = {r["policy"]: r for r in json.loads(out.read_text())["results"]}
+    for policy, row in results.items():
+        mine = [r for r in records if r["policy"] == policy]
+        assert len(mine) == row["episodes"] * row["episode_length_mean"] == 60
+        assert [r["day"] for r in mine if r["seed"] == 1] == list(range(30))
+        assert round(sum(r["match"] for r in mine) / 60, 4) == row["teacher_match"]
+        assert round(sum(r["valid"] for r in mine) / 60, 4) == row["valid_action_rate"]
+        assert all(r["task"] == TASK and r["action"] and r["teacher"] and r["outcome"] for r in mine)
+    assert set(results) == {"safe", f"model:{tiny_model}"}
+
+
 def test_evaluation_against_a_server_matches_in_process():
     from servers import env_server_cmd, free_port, start_server, stop_server
 

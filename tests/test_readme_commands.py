@@ -159,6 +159,7 @@ def test_recruit_trl_eval_commands(warm_model, server_url, tmp_path):
         proc = run(argv, cwd=tmp_path)
         assert "hard_bench_stage_30" in proc.stdout
     assert (tmp_path / "r.json").is_file() and (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "decisions.jsonl").read_text().count("\n") >= 30
 
 
 def test_serve_command_listens(server_url):
