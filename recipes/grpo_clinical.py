@@ -19,7 +19,8 @@ Top to bottom:
    RL continues from that adapter.
 5. Rollouts (``--mode branch|window``) and rewards (``--reward_funcs`` x ``--reward_weights``), then
    ``trainer.train()`` (resumes from the last checkpoint); the adapter is saved to ``--output_dir``.
-6. Report (``--report``): the base, SFT and RL models and ``--eval_baselines`` on held-out ``--eval_seeds``;
+6. Report (``--report``): the base, SFT and RL models and ``--eval_baselines`` on held-out ``--eval_seeds``
+   (models greedy, and sampled at ``--eval_temperature`` / ``--eval_top_p``: rows ``<model>-sampled``);
    ``report.json``, PNG plots and a one-screen summary in ``--output_dir``.
 """
 
@@ -29,6 +30,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -159,15 +161,21 @@ def report_run(script_args, training_args, model_args, trainer, model_path: str,
         contract=script_args.contract,
         recent_k=script_args.recent_k,
     )
+    runs = []  # (label, policy, config): every policy greedy, and models sampled too
+    for label, policy in policies.items():
+        runs.append((label, policy, config))
+        if policy.startswith("model:") and script_args.eval_temperature > 0:
+            sampled = replace(config, temperature=script_args.eval_temperature, top_p=script_args.eval_top_p)
+            runs.append((f"{label}-sampled", policy, sampled))
     t0 = time.perf_counter()
     results, per_episode = [], {}
-    for label, policy in policies.items():  # cached per policy: a re-run does not redo finished evaluations
+    for label, policy, cfg in runs:  # cached per run: a re-run does not redo finished evaluations
         cache = out / "eval" / f"{label}.json"
-        if cache.is_file() and json.loads(cache.read_text()).get("seeds") == list(config.seeds):
+        key = {"seeds": list(cfg.seeds), "temperature": cfg.temperature, "top_p": cfg.top_p}
+        if cache.is_file() and all(json.loads(cache.read_text()).get(k) == v for k, v in key.items()):
             part = json.loads(cache.read_text())
         else:
-            part = evaluate([policy], config, labels=[label])
-            part["seeds"] = list(config.seeds)
+            part = {**evaluate([policy], cfg, labels=[label]), **key}
             cache.parent.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps(part, indent=2))
         results.extend(part["results"])
@@ -202,6 +210,7 @@ def report_run(script_args, training_args, model_args, trainer, model_path: str,
                 "use_peft": model_args.use_peft,
             },  # fmt: skip
             "eval_seeds": script_args.eval_seeds,
+            "eval_sampling": {"temperature": script_args.eval_temperature, "top_p": script_args.eval_top_p},
             "eval_seconds_per_episode": per_episode,
         },
         "versions": evaluate_versions(),

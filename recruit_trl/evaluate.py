@@ -53,6 +53,7 @@ class EvalConfig:
     env_url: str | None = None
     transport: str = "http"
     temperature: float = 0.0
+    top_p: float = 1.0
     batch_size: int = 64
     policy_seed: int = 0
     max_new_tokens: int | None = None
@@ -146,8 +147,15 @@ class Evaluator:
         cfg = self.config
         do_sample = cfg.temperature > 0
         gen_config = GenerationConfig(
-            do_sample=do_sample, temperature=cfg.temperature if do_sample else None, top_p=None, top_k=None
+            do_sample=do_sample,
+            temperature=cfg.temperature if do_sample else None,
+            top_p=cfg.top_p if do_sample and cfg.top_p < 1.0 else None,
+            top_k=None,
         )
+        if do_sample:  # sampled runs repeat exactly for the same config (policy_seed, tasks, seeds, batch size)
+            import torch
+
+            torch.manual_seed(cfg.policy_seed)
         max_new = cfg.max_new_tokens or MAX_NEW_TOKENS[cfg.contract]
         episodes = [(task, seed) for task in cfg.tasks for seed in cfg.seeds]
         envs = [self.make_env(task) for task, _ in episodes]

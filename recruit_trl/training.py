@@ -5,6 +5,8 @@ The recipes (``recipes/*.py``) stay readable top to bottom; the pieces they shar
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,7 +21,8 @@ from recruit_trl.traces import collect_traces
 # policy, common random numbers within the group) plus a format term; see the README for the rationale.
 DEFAULT_REWARDS = ("final_score_reward", "format_reward")
 DEFAULT_REWARD_WEIGHTS = [1.0, 0.5]
-# Bump when the environment's prompt rendering changes: the cached tiny model was warmed on the old text.
+# Bump when the environment's prompt rendering changes: the cached tiny model was warmed on the old text. The cache
+# key also carries prompt_fingerprint(), which catches changes to the rendering or the candidate lists by itself.
 RENDER_VERSION = "render-6"
 
 
@@ -96,6 +99,16 @@ class ScriptArguments(RolloutConfig):
     eval_baselines: list[str] = field(
         default_factory=lambda: ["heuristic", "expert"], metadata={"help": "Environment policies evaluated alongside."}
     )
+    eval_temperature: float = field(
+        default=1.0,
+        metadata={
+            "help": "Also evaluate every model sampled at this temperature (rows '<model>-sampled'; 0: greedy only). "
+            "GRPO trains the sampled policy; greedy decoding of a small imitator can collapse onto one action."
+        },
+    )
+    eval_top_p: float = field(
+        default=0.8, metadata={"help": "Nucleus for the sampled evaluation (trims malformed answers; 1 = off)."}
+    )
 
 
 def tiny_corpus_fn(interface: EnvInterface, tasks, episodes_per_task: int, contract: str, recent_k: int):
@@ -113,6 +126,17 @@ def tiny_corpus_fn(interface: EnvInterface, tasks, episodes_per_task: int, contr
         )
 
     return corpus
+
+
+def prompt_fingerprint(interface: EnvInterface, tasks: Sequence[str], contract: str, recent_k: int) -> str:
+    """A hash of every prompt and answer of one safe-agent episode (reset seed 0) per task.
+
+    It changes whenever the rendering or the candidate lists change, so a tiny model warmed on other prompts is
+    never taken from the cache (about 0.1 s per task).
+    """
+    rows = collect_traces(interface, tasks, [0], contract=contract, recent_k=recent_k, relabel=False)
+    payload = json.dumps([[row["messages"], row["completion"]] for row in rows], sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
 def resolve_policy_model(
@@ -134,7 +158,8 @@ def resolve_policy_model(
     return resolve_model(
         "tiny",
         corpus_fn=tiny_corpus_fn(interface, tasks, corpus_episodes, contract, recent_k),
-        version_key=f"{RENDER_VERSION}-{interface.name}-{contract}-{recent_k}-{corpus_episodes}-{','.join(tasks)}",
+        version_key=f"{RENDER_VERSION}-{interface.name}-{contract}-{recent_k}-{corpus_episodes}-{','.join(tasks)}-"
+        + prompt_fingerprint(interface, tasks, contract, recent_k),
         **({"max_steps": build_steps} if build_steps else {}),
     )
 

@@ -56,6 +56,13 @@ def test_model_policy_runs_in_lock_step(tiny_model, tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_sampled_evaluation_repeats_exactly(tiny_model):
+    config = EvalConfig(tasks=(TASK,), seeds=(0, 1), temperature=1.0, top_p=0.8)
+    first, second = (evaluate([f"model:{tiny_model}"], config, progress=False)["results"] for _ in range(2))
+    assert first == second
+    assert evaluate([f"model:{tiny_model}"], config, progress=False)["config"]["top_p"] == 0.8
+
+
 def test_eval_cli_writes_json_and_plot(tmp_path, capsys):
     out, png = tmp_path / "eval.json", tmp_path / "eval.png"
     args = ["eval", "--policy", "random", "--task", TASK, "--seeds", "0-1", "--json", str(out), "--plot", str(png)]

@@ -361,3 +361,24 @@ def test_load_smollm2(tmp_path):
     with torch.no_grad():
         gen = model.generate(**enc, max_new_tokens=12, do_sample=False)
     assert "4" in tok.decode(gen[0, enc["input_ids"].shape[1] :])
+
+
+def test_tiny_model_cache_key_follows_the_prompts():
+    """A change to the candidate lists (or the rendering) changes the fingerprint in the tiny model's cache key."""
+    import env.agent
+    from recruit_trl.training import prompt_fingerprint
+
+    class FewerCandidates(env.agent.ClinicalInterface):
+        def candidate_actions(self, obs):
+            return super().candidate_actions(obs)[:-1]
+
+    class OtherText(env.agent.ClinicalInterface):
+        def render(self, obs, recent):
+            return super().render(obs, recent) + "\nNote"
+
+    tasks = ["hard_bench_stage_30"]
+    base = prompt_fingerprint(env.agent.CLINICAL, tasks, "index", 2)
+    assert base == prompt_fingerprint(env.agent.ClinicalInterface(), tasks, "index", 2)
+    assert base != prompt_fingerprint(FewerCandidates(), tasks, "index", 2)
+    assert base != prompt_fingerprint(OtherText(), tasks, "index", 2)
+    assert base != prompt_fingerprint(env.agent.CLINICAL, tasks, "index", 1)

@@ -125,14 +125,20 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     ]  # fmt: skip
     recipe.main(*recipe.parse_args(flags))
     report = json.loads((tmp_path / "report.json").read_text())
-    assert {r["policy"] for r in report["results"]} == {"base", "sft", "grpo", "heuristic"}
+    models = {"base", "sft", "grpo"}
+    assert {r["policy"] for r in report["results"]} == {*models, *(f"{m}-sampled" for m in models), "heuristic"}
+    sampled = json.loads((tmp_path / "eval" / "grpo-sampled.json").read_text())
+    assert (sampled["temperature"], sampled["top_p"]) == (1.0, 0.8) and sampled["config"]["temperature"] == 1.0
     assert report["sft"]["valid_action_rate"] is not None
     assert len(report["training"]["curves"]["step"]) == 2
     for name in ("training_curves.png", "action_types.png", "final_scores.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
-    stamp = (tmp_path / "eval" / "grpo.json").stat().st_mtime
+    stamps = {p.name: p.stat().st_mtime for p in (tmp_path / "eval").iterdir()}
     recipe.main(*recipe.parse_args(flags))  # finished: resumes at the last checkpoint, reuses SFT and evaluations
-    assert (tmp_path / "eval" / "grpo.json").stat().st_mtime == stamp
+    assert {p.name: p.stat().st_mtime for p in (tmp_path / "eval").iterdir()} == stamps
+    recipe.main(*recipe.parse_args([*flags, "--eval_top_p", "0.9"]))  # another nucleus: only sampled runs redo
+    changed = {p.name for p in (tmp_path / "eval").iterdir() if p.stat().st_mtime != stamps[p.name]}
+    assert changed == {f"{m}-sampled.json" for m in models}
 
 
 def test_yaml_config_is_read_and_flags_override_it():
