@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from env.core import ClinicalRecruitmentEnv
+from env.expert import p_allocate
 from env.graders import BUDGET_RESERVE
 from env.models import ACTION_TYPES, validate_action
 from env.policies import get_policy, register_policy
@@ -65,17 +66,7 @@ def hypothesis_for(obs: Mapping[str, Any]) -> str:
 
 def allocation_chance(obs: Mapping[str, Any], patient: Mapping[str, Any], site_id: str) -> float:
     """The environment's allocation success probability (spec 5.3), computed from the observation alone."""
-    p = obs["site_performance"][site_id]
-    chance = (
-        p["conversion_rate"]
-        * (1 - 0.3 * patient["dropout_risk"])
-        * max(0.55, 1 - p["avg_wait_days"] / 20)
-        * (0.8 + 0.25 * p["retention_rate"])
-    )
-    if obs["active_constraints"]["focused_site"] == site_id:
-        chance *= 1.15
-    chance *= max(0.7, 1 - obs["active_constraints"]["sentiment_pressure"])
-    return max(0.05, min(0.98, chance))
+    return p_allocate(obs, site_id, patient["dropout_risk"])
 
 
 def site_rank_key(stats: Mapping[str, float]) -> float:
