@@ -132,7 +132,7 @@ def prompt_fingerprint(interface: EnvInterface, tasks: Sequence[str], contract: 
     """A hash of every prompt and answer of one safe-agent episode (reset seed 0) per task.
 
     It changes whenever the rendering or the candidate lists change, so a tiny model warmed on other prompts is
-    never taken from the cache (about 0.1 s per task).
+    never taken from the cache (well under a second for the three public tasks).
     """
     rows = collect_traces(interface, tasks, [0], contract=contract, recent_k=recent_k, relabel=False)
     payload = json.dumps([[row["messages"], row["completion"]] for row in rows], sort_keys=True)
