@@ -387,7 +387,7 @@ def plot_results(results: Sequence[dict[str, Any]], path: str | Path, title: str
     tasks = list(dict.fromkeys(r["task"] for r in results))
     policies = list(dict.fromkeys(r["policy"] for r in results))
     width = 0.8 / max(1, len(policies))
-    fig, ax = plt.subplots(figsize=(1.8 + 2.2 * len(tasks), 4.2))
+    fig, ax = plt.subplots(figsize=(1.8 + 2.2 * len(tasks), 4.2 + 0.25 * (len(policies) // 5 + 1)))
     for k, policy in enumerate(policies):
         xs, ys, errs = [], [], []
         for t, task in enumerate(tasks):
@@ -405,7 +405,8 @@ def plot_results(results: Sequence[dict[str, Any]], path: str | Path, title: str
     ax.set_ylabel("final grader score")
     ax.set_ylim(0, 1)
     ax.set_title(title)
-    ax.legend(fontsize=8, ncols=2, loc="upper right")
+    # Below the axes: inside, it covers the tallest bars once there are more than a few policies.
+    ax.legend(fontsize=8, ncols=min(5, len(policies) + 1), loc="upper center", bbox_to_anchor=(0.5, -0.1))
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
