@@ -172,9 +172,8 @@ def report_run(script_args, training_args, model_args, trainer, model_path: str,
     for label, policy, cfg in runs:  # cached per run: a re-run does not redo finished evaluations
         cache = out / "eval" / f"{label}.json"
         key = {"seeds": list(cfg.seeds), "temperature": cfg.temperature, "top_p": cfg.top_p}
-        if cache.is_file() and all(json.loads(cache.read_text()).get(k) == v for k, v in key.items()):
-            part = json.loads(cache.read_text())
-        else:
+        part = json.loads(cache.read_text()) if cache.is_file() else {}
+        if any(part.get(k) != v for k, v in key.items()):
             part = {**evaluate([policy], cfg, labels=[label]), **key}
             cache.parent.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps(part, indent=2))

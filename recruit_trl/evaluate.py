@@ -387,7 +387,9 @@ def plot_results(results: Sequence[dict[str, Any]], path: str | Path, title: str
     tasks = list(dict.fromkeys(r["task"] for r in results))
     policies = list(dict.fromkeys(r["policy"] for r in results))
     width = 0.8 / max(1, len(policies))
-    fig, ax = plt.subplots(figsize=(1.8 + 2.2 * len(tasks), 4.2 + 0.25 * (len(policies) // 5 + 1)))
+    legend_cols = min(5, len(policies) + 1)  # the policies and the reference line
+    legend_rows = -(-(len(policies) + 1) // legend_cols)
+    fig, ax = plt.subplots(figsize=(1.8 + 2.2 * len(tasks), 4.2 + 0.25 * legend_rows))
     for k, policy in enumerate(policies):
         xs, ys, errs = [], [], []
         for t, task in enumerate(tasks):
@@ -406,7 +408,7 @@ def plot_results(results: Sequence[dict[str, Any]], path: str | Path, title: str
     ax.set_ylim(0, 1)
     ax.set_title(title)
     # Below the axes: inside, it covers the tallest bars once there are more than a few policies.
-    ax.legend(fontsize=8, ncols=min(5, len(policies) + 1), loc="upper center", bbox_to_anchor=(0.5, -0.1))
+    ax.legend(fontsize=8, ncols=legend_cols, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
