@@ -16,7 +16,8 @@ Top to bottom:
 3. The policy model: ``tiny`` (a warm tiny Qwen3 built locally and cached), ``smollm2`` (from its wheel), or
    any local folder / cached hub id; LoRA by default, 4-bit QLoRA with ``--load_in_4bit`` (GPU).
 4. Warm start (``--warm_start auto``): the SFT recipe imitates ``--teacher`` (cached in ``<output_dir>/sft``);
-   RL continues from that adapter.
+   RL continues from that adapter, or trains a fresh adapter on the SFT model when the warm start fine-tuned
+   every weight (``--sft_full_finetune``, the tiny model's default).
 5. Rollouts (``--mode branch|window``) and rewards (``--reward_funcs`` x ``--reward_weights``), then
    ``trainer.train()`` (resumes from the last checkpoint); the adapter is saved to ``--output_dir``.
 6. Report (``--report``): the base, SFT and RL models and ``--eval_baselines`` on held-out ``--eval_seeds``
@@ -85,13 +86,16 @@ def main(
         timings["sft"] = time.perf_counter() - t0
     model: object = model_path
     peft_config = get_peft_config(model_args)
-    if script_args.sft_adapter:  # trainable adapter, and no second peft_config (see shared TRL facts)
+    if script_args.sft_adapter and Path(script_args.sft_adapter, "adapter_config.json").is_file():
+        # A trainable SFT adapter, and no second peft_config (see shared TRL facts).
         from peft import PeftModel
         from transformers import AutoModelForCausalLM
 
         base = AutoModelForCausalLM.from_pretrained(model_path, **training_args.model_init_kwargs)
         model = PeftModel.from_pretrained(base, script_args.sft_adapter, is_trainable=True)
         peft_config = None
+    elif script_args.sft_adapter:  # a fully fine-tuned SFT model: RL trains a fresh adapter (--use_peft) on it
+        model = script_args.sft_adapter
 
     # 4. Rollouts, rewards and training.
     rollout = make_rollout(script_args, interface)
@@ -127,6 +131,7 @@ def run_warm_start(script_args, training_args, model_args, model_path: str) -> s
     import sft_clinical
 
     sft_dir = str(Path(training_args.output_dir) / "sft")
+    full = sft_full_finetune(script_args, model_args, model_path)
     targets = model_args.lora_target_modules or []
     targets = [targets] if isinstance(targets, str) else list(targets)  # ModelConfig unwraps a single module
     flags = [
@@ -136,11 +141,25 @@ def run_warm_start(script_args, training_args, model_args, model_path: str) -> s
         "--num_train_epochs", str(script_args.sft_epochs), "--seed", str(training_args.seed),
         "--epsilon", str(script_args.sft_epsilon), "--dagger_rounds", str(script_args.dagger_rounds),
         "--dagger_seeds", script_args.sft_train_seeds, "--balance_by_task", str(script_args.sft_balance_by_task),
-        "--use_peft", str(model_args.use_peft), "--lora_r", str(model_args.lora_r),
+        "--use_peft", str(not full), "--learning_rate", str(script_args.sft_learning_rate or (3e-4 if full else 1e-3)),
+        "--lora_r", str(model_args.lora_r),
         "--lora_alpha", str(model_args.lora_alpha), "--lora_target_modules", *targets,
     ]  # fmt: skip
     sft_clinical.main(*sft_clinical.parse_args(flags))
     return sft_dir
+
+
+def sft_full_finetune(script_args, model_args, model_path: str) -> bool:
+    """Whether the warm start fine-tunes every weight: ``--sft_full_finetune auto`` does for a tiny model built
+    here (``recruit_trl.models.METADATA_FILE`` in its folder) and without ``--use_peft``."""
+    choice = str(script_args.sft_full_finetune).lower()
+    if choice not in ("auto", "true", "false"):
+        raise ValueError(f"--sft_full_finetune must be auto, true or false, not {script_args.sft_full_finetune!r}")
+    if choice == "auto":
+        from recruit_trl.models import METADATA_FILE
+
+        return Path(model_path, METADATA_FILE).is_file() or not model_args.use_peft
+    return choice == "true"
 
 
 def report_run(script_args, training_args, model_args, trainer, model_path: str, timings: dict, started: float):

@@ -8,7 +8,8 @@ Top to bottom:
 1. Arguments: ``SFTScriptArguments`` + TRL's ``SFTConfig`` + ``ModelConfig`` through ``TrlParser``.
 2. Data: teacher traces on ``--train_seeds`` (balanced by action type within each task) and ``--heldout_seeds``
    (untouched), as conversational prompt/completion rows; saved to ``<output_dir>/dataset`` and reused on re-runs.
-3. ``SFTTrainer`` trains a LoRA adapter on the completions only.
+3. ``SFTTrainer`` trains a LoRA adapter on the completions only (``--use_peft false``: every weight, which suits the
+   tiny model, whose LoRA lacks the capacity to condition on the state; a real model keeps LoRA).
 4. DAgger (``--dagger_rounds N``): the adapter plays ``--dagger_seeds`` itself, the teacher labels every state
    it reaches, and training continues on all data so far (``--dagger_epochs``); each round is cached in
    ``<output_dir>/round-K``. The final adapter and tokenizer are saved to ``--output_dir``. Start GRPO /
@@ -64,7 +65,7 @@ class SFTScriptArguments:
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
     interface = get_env_interface(script_args.env)
     out = Path(training_args.output_dir)
-    if (out / "heldout_report.json").is_file() and (out / "adapter_config.json").is_file():
+    if (out / "heldout_report.json").is_file() and is_trained(out):
         print(f"SFT already finished in {out}; delete the folder to train again")
         return json.loads((out / "heldout_report.json").read_text())
 
@@ -110,12 +111,12 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         if r > 0:  # the previous round's adapter plays; the teacher labels the states it reaches
             data, info = dagger_data(script_args, interface, data, out / f"round-{r - 1}", data_dir / f"dagger-{r}")
             dagger.append({"round": r, **info})
-        if (round_dir / "adapter_config.json").is_file() and round_dir != out:
+        if is_trained(round_dir) and round_dir != out:
             print(f"DAgger round {r} already trained in {round_dir}")
             model = None
             continue
         if model is None and r > 0:
-            model = load_adapter(model_path, out / f"round-{r - 1}", training_args.model_init_kwargs)
+            model = load_trainable(model_path, out / f"round-{r - 1}", training_args.model_init_kwargs)
         args = copy.deepcopy(training_args)
         args.output_dir = str(round_dir)
         if r > 0:
@@ -131,7 +132,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         trainer.save_model(args.output_dir)
         model = trainer.model
     if model is None:  # every round was cached
-        model = load_adapter(model_path, out / f"round-{rounds}", training_args.model_init_kwargs)
+        model = load_trainable(model_path, out / f"round-{rounds}", training_args.model_init_kwargs)
     model.save_pretrained(training_args.output_dir)
     tokenizer.save_pretrained(training_args.output_dir)
 
@@ -177,13 +178,20 @@ def dagger_data(script_args: SFTScriptArguments, interface, data, policy_dir: Pa
     return concatenate_datasets([data, rows]), info
 
 
-def load_adapter(model_path: str, adapter_dir: Path, init_kwargs: dict):
-    """The base model with the trainable LoRA adapter from ``adapter_dir``."""
+def is_trained(folder: Path) -> bool:
+    """Whether ``folder`` holds a saved LoRA adapter or a fully fine-tuned model (``--use_peft false``)."""
+    return (folder / "adapter_config.json").is_file() or (folder / "model.safetensors").is_file()
+
+
+def load_trainable(model_path: str, trained_dir: Path, init_kwargs: dict):
+    """The model saved in ``trained_dir``, trainable: its LoRA adapter on ``model_path``, or the full model."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    if not (trained_dir / "adapter_config.json").is_file():
+        return AutoModelForCausalLM.from_pretrained(str(trained_dir), **init_kwargs)
     base = AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
-    return PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
+    return PeftModel.from_pretrained(base, str(trained_dir), is_trainable=True)
 
 
 def _last_checkpoint(output_dir: str) -> str | None:

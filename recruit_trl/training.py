@@ -73,7 +73,8 @@ class ScriptArguments(RolloutConfig):
         default=None, metadata={"help": "Warm-up optimizer steps of the tiny model (default: the builder's epochs)."}
     )
     sft_adapter: str | None = field(
-        default=None, metadata={"help": "A LoRA adapter (e.g. from recipes/sft_clinical.py) to start from."}
+        default=None,
+        metadata={"help": "An SFT LoRA adapter or fully fine-tuned model (recipes/sft_clinical.py) to start from."},
     )
     warm_start: str = field(
         default="auto",
@@ -82,7 +83,18 @@ class ScriptArguments(RolloutConfig):
     )  # fmt: skip
     teacher: str = field(default="expert", metadata={"help": "Teacher policy of the SFT warm start."})
     sft_train_seeds: str = field(default="300-307", metadata={"help": "Episodes traced for the SFT warm start."})
-    sft_epochs: float = field(default=2.0, metadata={"help": "Epochs of the SFT warm start."})
+    sft_epochs: float = field(
+        default=1.0, metadata={"help": "Epochs of the SFT warm start's first fit (each DAgger round adds one)."}
+    )
+    sft_full_finetune: str = field(
+        default="auto",
+        metadata={"help": "SFT warm start: 'true' fine-tunes every weight (RL then trains a fresh LoRA on it), "
+                  "'false' trains the LoRA adapter that RL continues; 'auto': full for the tiny model, LoRA otherwise "
+                  "(a tiny model's LoRA lacks the capacity to imitate the teacher)."},
+    )  # fmt: skip
+    sft_learning_rate: float | None = field(
+        default=None, metadata={"help": "Learning rate of the SFT warm start (default: 3e-4 full, 1e-3 LoRA)."}
+    )
     sft_epsilon: float = field(
         default=0.1, metadata={"help": "Random-candidate rate while tracing the teacher (states relabelled by it)."}
     )
@@ -90,7 +102,7 @@ class ScriptArguments(RolloutConfig):
         default=True, metadata={"help": "SFT warm start: cap every action type's share within each task's rows."}
     )
     dagger_rounds: int = field(
-        default=1, metadata={"help": "DAgger rounds of the SFT warm start (the model plays, the teacher labels)."}
+        default=2, metadata={"help": "DAgger rounds of the SFT warm start (the model plays, the teacher labels)."}
     )
     report: bool = field(
         default=True, metadata={"help": "Evaluate base / SFT / RL models and baselines at the end; write report.json."}

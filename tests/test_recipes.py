@@ -73,26 +73,27 @@ def test_sft_recipe_trains_and_reports(warm_model, tmp_path):
     assert (tmp_path / "adapter_config.json").is_file() and (tmp_path / "heldout_report.json").is_file()
 
 
-def test_sft_recipe_dagger_round_labels_the_students_states(warm_model, tmp_path):
+@pytest.mark.parametrize("use_peft", [True, False])
+def test_sft_recipe_dagger_round_labels_the_students_states(warm_model, tmp_path, use_peft):
     recipe = load("sft_clinical")
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "2", "--train_seeds", "1",
         "--heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe", "--save_strategy", "no",
-        "--dagger_rounds", "1", "--dagger_seeds", "5",
+        "--dagger_rounds", "1", "--dagger_seeds", "5", "--use_peft", str(use_peft),
     ]  # fmt: skip
+    saved = "adapter_model.safetensors" if use_peft else "model.safetensors"
     report = recipe.main(*recipe.parse_args(flags))
     (info,) = report["dagger"]
     # The safe teacher's action is always listed, so each of the student's 30 days is one labelled row.
     assert info["round"] == 1 and info["rows_raw"] == 30 and set(info["student"]) == {"hard_bench_stage_30"}
     rows = load_from_disk(str(tmp_path / "dataset" / "dagger-1" / "rows"))
     assert set(rows["seed"]) == {5} and set(rows["action_type"]) <= PRODUCTIVE  # the safe agent never idles
-    for r in (0, 1):
-        assert (tmp_path / f"round-{r}" / "adapter_config.json").is_file()
-    assert (tmp_path / "adapter_config.json").is_file()
+    for folder in (tmp_path / "round-0", tmp_path / "round-1", tmp_path):
+        assert (folder / saved).is_file() and (folder / "adapter_config.json").is_file() == use_peft
     (tmp_path / "heldout_report.json").unlink()  # interrupted before the report: the rounds are not redone
-    stamp = (tmp_path / "round-1" / "adapter_model.safetensors").stat().st_mtime
+    stamp = (tmp_path / "round-1" / saved).stat().st_mtime
     assert recipe.main(*recipe.parse_args(flags))["dagger"] == report["dagger"]
-    assert (tmp_path / "round-1" / "adapter_model.safetensors").stat().st_mtime == stamp
+    assert (tmp_path / "round-1" / saved).stat().st_mtime == stamp
 
 
 @pytest.mark.slow
@@ -114,7 +115,8 @@ def test_grpo_recipe_under_accelerate_launch_with_two_cpu_processes(warm_model, 
 
 
 def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
-    """Warm start (SFT) -> GRPO -> held-out report with plots, then a re-run that redoes nothing."""
+    """Warm start (SFT, every weight of the tiny model) -> GRPO (a fresh LoRA on it) -> held-out report with plots,
+    then a re-run that redoes nothing."""
     recipe = load("grpo_clinical")
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "2",
@@ -124,6 +126,10 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
         "--eval_seeds", "0-1", "--eval_baselines", "heuristic", "--save_steps", "1",
     ]  # fmt: skip
     recipe.main(*recipe.parse_args(flags))
+    sft_dir = tmp_path / "sft"  # --sft_full_finetune auto: a tiny model built here is fully fine-tuned
+    assert (sft_dir / "model.safetensors").is_file() and not (sft_dir / "adapter_config.json").exists()
+    adapter = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert Path(adapter["base_model_name_or_path"]).resolve() == sft_dir.resolve()
     report = json.loads((tmp_path / "report.json").read_text())
     models = {"base", "sft", "grpo"}
     assert {r["policy"] for r in report["results"]} == {*models, *(f"{m}-sampled" for m in models), "heuristic"}
@@ -139,6 +145,21 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     recipe.main(*recipe.parse_args([*flags, "--eval_top_p", "0.9"]))  # another nucleus: only sampled runs redo
     changed = {p.name for p in (tmp_path / "eval").iterdir() if p.stat().st_mtime != stamps[p.name]}
     assert changed == {f"{m}-sampled.json" for m in models}
+
+
+def test_warm_start_with_a_lora_adapter_continues_that_adapter(warm_model, tmp_path):
+    recipe = load("grpo_clinical")
+    flags = [
+        "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", *SMALL,
+        "--tasks", "hard_bench_stage_30", "--warm_start", "auto", "--sft_full_finetune", "false", "--teacher", "safe",
+        "--sft_train_seeds", "300", "--sft_epochs", "0.2", "--dagger_rounds", "0",
+    ]  # fmt: skip
+    trainer = recipe.main(*recipe.parse_args(flags))
+    assert (tmp_path / "sft" / "adapter_config.json").is_file()
+    assert json.loads((tmp_path / "adapter_config.json").read_text())["base_model_name_or_path"] == warm_model
+    assert [n for n, _ in trainer.model.named_parameters() if "lora_B" in n]
+    with pytest.raises(ValueError, match="sft_full_finetune"):
+        recipe.main(*recipe.parse_args([*flags, "--sft_full_finetune", "maybe"]))
 
 
 def test_yaml_config_is_read_and_flags_override_it():
