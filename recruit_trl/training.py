@@ -84,7 +84,7 @@ class ScriptArguments(RolloutConfig):
     teacher: str = field(default="expert", metadata={"help": "Teacher policy of the SFT warm start."})
     sft_train_seeds: str = field(default="300-307", metadata={"help": "Episodes traced for the SFT warm start."})
     sft_epochs: float = field(
-        default=1.0, metadata={"help": "Epochs of the SFT warm start's first fit (each DAgger round adds one)."}
+        default=2.0, metadata={"help": "Epochs of the SFT warm start's first fit (each DAgger round adds one)."}
     )
     sft_full_finetune: str = field(
         default="auto",
@@ -211,7 +211,7 @@ def cpu_defaults() -> dict[str, Any]:
 
     defaults: dict[str, Any] = {
         "output_dir": "outputs/grpo_clinical",
-        "learning_rate": 3e-4,
+        "learning_rate": 1e-4,
         "per_device_train_batch_size": 32,
         "num_generations": 8,
         "max_steps": 60,
