@@ -10,9 +10,9 @@ Top to bottom:
    (untouched), as conversational prompt/completion rows; saved to ``<output_dir>/dataset`` and reused on re-runs.
 3. ``SFTTrainer`` trains a LoRA adapter on the completions only (``--use_peft false``: every weight, which suits the
    tiny model, whose LoRA lacks the capacity to condition on the state; a real model keeps LoRA).
-4. DAgger (``--dagger_rounds N``): the adapter plays ``--dagger_seeds`` itself, the teacher labels every state
+4. DAgger (``--dagger_rounds N``): the student plays ``--dagger_seeds`` itself, the teacher labels every state
    it reaches, and training continues on all data so far (``--dagger_epochs``); each round is cached in
-   ``<output_dir>/round-K``. The final adapter and tokenizer are saved to ``--output_dir``. Start GRPO /
+   ``<output_dir>/round-K``. The final adapter (or model) and tokenizer are saved to ``--output_dir``. Start GRPO /
    REINFORCE from it with ``--sft_adapter <output_dir>``.
 5. Held-out report (``<output_dir>/heldout_report.json``): teacher match, strict-JSON and valid-action rates,
    predicted vs teacher action-type distributions.
@@ -108,7 +108,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     data, model, dagger = train, None, []
     for r in range(rounds + 1):
         round_dir = out if rounds == 0 else out / f"round-{r}"
-        if r > 0:  # the previous round's adapter plays; the teacher labels the states it reaches
+        if r > 0:  # the previous round's student plays; the teacher labels the states it reaches
             data, info = dagger_data(script_args, interface, data, out / f"round-{r - 1}", data_dir / f"dagger-{r}")
             dagger.append({"round": r, **info})
         if is_trained(round_dir) and round_dir != out:
@@ -180,7 +180,8 @@ def dagger_data(script_args: SFTScriptArguments, interface, data, policy_dir: Pa
 
 def is_trained(folder: Path) -> bool:
     """Whether ``folder`` holds a saved LoRA adapter or a fully fine-tuned model (``--use_peft false``)."""
-    return (folder / "adapter_config.json").is_file() or (folder / "model.safetensors").is_file()
+    saved = ("adapter_config.json", "model.safetensors", "model.safetensors.index.json")  # index: a sharded model
+    return any((folder / name).is_file() for name in saved)
 
 
 def load_trainable(model_path: str, trained_dir: Path, init_kwargs: dict):
