@@ -40,6 +40,7 @@ import torch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config, get_quantization_config  # noqa: E402
 
+from recruit_trl.models import METADATA_FILE, is_adapter, load_trainable  # noqa: E402
 from recruit_trl.protocol import get_env_interface  # noqa: E402
 from recruit_trl.rollout import make_rollout  # noqa: E402
 from recruit_trl.training import (  # noqa: E402
@@ -86,13 +87,9 @@ def main(
         timings["sft"] = time.perf_counter() - t0
     model: object = model_path
     peft_config = get_peft_config(model_args)
-    if script_args.sft_adapter and Path(script_args.sft_adapter, "adapter_config.json").is_file():
+    if script_args.sft_adapter and is_adapter(script_args.sft_adapter):
         # A trainable SFT adapter, and no second peft_config (see shared TRL facts).
-        from peft import PeftModel
-        from transformers import AutoModelForCausalLM
-
-        base = AutoModelForCausalLM.from_pretrained(model_path, **training_args.model_init_kwargs)
-        model = PeftModel.from_pretrained(base, script_args.sft_adapter, is_trainable=True)
+        model = load_trainable(model_path, script_args.sft_adapter, training_args.model_init_kwargs)
         peft_config = None
     elif script_args.sft_adapter:  # a fully fine-tuned SFT model: RL trains a fresh adapter (--use_peft) on it
         model = script_args.sft_adapter
@@ -156,8 +153,6 @@ def sft_full_finetune(script_args, model_args, model_path: str) -> bool:
     if choice not in ("auto", "true", "false"):
         raise ValueError(f"--sft_full_finetune must be auto, true or false, not {script_args.sft_full_finetune!r}")
     if choice == "auto":
-        from recruit_trl.models import METADATA_FILE
-
         return Path(model_path, METADATA_FILE).is_file() or not model_args.use_peft
     return choice == "true"
 

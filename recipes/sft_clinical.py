@@ -31,6 +31,7 @@ import torch
 from transformers import AutoTokenizer
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config, get_quantization_config
 
+from recruit_trl.models import is_trained, load_trainable
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.sft import balance_action_types, build_sft_datasets, dagger_rows, heldout_report, to_conversational
 from recruit_trl.training import model_defaults, parse_int_ranges, resolve_model_for
@@ -176,23 +177,6 @@ def dagger_data(script_args: SFTScriptArguments, interface, data, policy_dir: Pa
         (cache / "info.json").write_text(json.dumps(info, indent=2))
     print(f"DAgger: {info['rows']} new rows; the student scored {info['student']}")
     return concatenate_datasets([data, rows]), info
-
-
-def is_trained(folder: Path) -> bool:
-    """Whether ``folder`` holds a saved LoRA adapter or a fully fine-tuned model (``--use_peft false``)."""
-    saved = ("adapter_config.json", "model.safetensors", "model.safetensors.index.json")  # index: a sharded model
-    return any((folder / name).is_file() for name in saved)
-
-
-def load_trainable(model_path: str, trained_dir: Path, init_kwargs: dict):
-    """The model saved in ``trained_dir``, trainable: its LoRA adapter on ``model_path``, or the full model."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    if not (trained_dir / "adapter_config.json").is_file():
-        return AutoModelForCausalLM.from_pretrained(str(trained_dir), **init_kwargs)
-    base = AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
-    return PeftModel.from_pretrained(base, str(trained_dir), is_trainable=True)
 
 
 def _last_checkpoint(output_dir: str) -> str | None:

@@ -336,12 +336,13 @@ def load_policy_model(path: str):
     """A causal LM (or a LoRA adapter on its base model) and its tokenizer, in eval mode, from a local folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from recruit_trl.models import ADAPTER_CONFIG, is_adapter
+
     folder = Path(path)
-    adapter_config = folder / "adapter_config.json"
-    if adapter_config.is_file():
+    if is_adapter(folder):
         from peft import PeftModel
 
-        base_path = json.loads(adapter_config.read_text())["base_model_name_or_path"]
+        base_path = json.loads((folder / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
         base = AutoModelForCausalLM.from_pretrained(base_path)
         model = PeftModel.from_pretrained(base, str(folder))
         tokenizer_source = str(folder) if (folder / "tokenizer_config.json").is_file() else base_path

@@ -691,3 +691,31 @@ def resolve_model(
     if key == "smollm2":
         return str(load_smollm2(cache_dir))
     return name_or_path
+
+
+# --------------------------------------------------------------------------------------------- trained outputs
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def is_adapter(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a PEFT (LoRA) adapter rather than a full model."""
+    return Path(folder, ADAPTER_CONFIG).is_file()
+
+
+def is_trained(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a saved LoRA adapter or a full model (one file, or shards with their index)."""
+    return is_adapter(folder) or any(
+        Path(folder, name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")
+    )
+
+
+def load_trainable(base_path: str, folder: str | Path, init_kwargs: dict | None = None):
+    """The model saved in ``folder``, trainable: its LoRA adapter on ``base_path``, or the full model."""
+    from transformers import AutoModelForCausalLM
+
+    if not is_adapter(folder):
+        return AutoModelForCausalLM.from_pretrained(str(folder), **(init_kwargs or {}))
+    from peft import PeftModel
+
+    base = AutoModelForCausalLM.from_pretrained(base_path, **(init_kwargs or {}))
+    return PeftModel.from_pretrained(base, str(folder), is_trainable=True)
