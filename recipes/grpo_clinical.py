@@ -37,6 +37,7 @@ from pathlib import Path
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
+from accelerate import PartialState  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config, get_quantization_config  # noqa: E402
 
@@ -65,9 +66,8 @@ def main(
     if not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(1, training_args.world_size)))
 
-    # 1. Environment and anchors.
+    # 1. Environment.
     interface = get_env_interface(script_args.env)
-    dataset = make_anchor_dataset(script_args, interface)
 
     # 2. Policy model (a local folder) and tokenizer.
     t0 = time.perf_counter()
@@ -94,8 +94,15 @@ def main(
     elif script_args.sft_adapter:  # a fully fine-tuned SFT model: RL trains a fresh adapter (--use_peft) on it
         model = script_args.sft_adapter
 
-    # 4. Rollouts, rewards and training.
+    # 4. Anchors (states the samples start from; on-policy ones are recorded by one process, read by the others),
+    # rollouts, rewards and training.
     rollout = make_rollout(script_args, interface)
+    with PartialState().main_process_first():
+        dataset = make_anchor_dataset(
+            script_args, interface, rollout.cache, student=script_args.sft_adapter or model_path,
+            temperature=training_args.temperature, top_p=training_args.top_p,
+            states_file=str(Path(training_args.output_dir) / "anchor_states.pkl"),
+        )  # fmt: skip
     trainer = trainer_cls(
         model=model,
         reward_funcs=get_reward_funcs(script_args.reward_funcs),

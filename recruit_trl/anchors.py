@@ -5,19 +5,29 @@ An anchor names a state: task, reset seed, day ``t`` and the policy (plus its RN
 canonical JSON key (``Anchor.key()``). :class:`AnchorCache` rebuilds the state by replaying the prefix
 (deterministic: same task, seed, policy and policy seed give the same state) and caches the resulting
 snapshot, observation and digest of recent actions, so every later visit costs one ``restore``.
+
+A language model's states cannot be replayed inside a rollout (that would mean generating the whole prefix
+again). :func:`record_anchors` plays the model once, in lock-step over the episodes, and keeps the states
+on the anchor days; :meth:`AnchorCache.pin` makes them available to the rollout, and :func:`save_states` /
+:func:`load_states` keep them on disk (re-runs and the other processes of a distributed run read them).
+These are *on-policy* anchors: the states the trained policy itself reaches, where its mistakes happen.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import random
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from recruit_trl.contracts import digest
 from recruit_trl.protocol import EnvInterface, Observation
+
+MODEL_PREFIX = "model:"  # Anchor.policy of states a language model reached (recorded, not replayed)
 
 
 @dataclass(frozen=True)
@@ -78,8 +88,13 @@ class AnchorCache:
         self.recent_k = recent_k
         self.max_items = max_items
         self._items: OrderedDict[str, AnchorState] = OrderedDict()
+        self._pinned: dict[str, AnchorState] = {}
         self._envs: dict[str, Any] = {}
         self.hits = self.misses = 0
+
+    def pin(self, states: Mapping[Anchor, AnchorState]) -> None:
+        """Keep these states for good (never evicted, never replayed): e.g. :func:`record_anchors` output."""
+        self._pinned.update({anchor.key(): state for anchor, state in states.items()})
 
     def env(self, task: str):
         """A pooled environment for ``task`` (callers restore a snapshot before using it)."""
@@ -89,10 +104,11 @@ class AnchorCache:
 
     def get(self, anchor: Anchor) -> AnchorState:
         key = anchor.key()
-        item = self._items.get(key)
+        item = self._pinned.get(key) or self._items.get(key)
         if item is not None:
             self.hits += 1
-            self._items.move_to_end(key)
+            if key in self._items:
+                self._items.move_to_end(key)
             return item
         self.misses += 1
         item = self._replay(anchor)
@@ -102,6 +118,11 @@ class AnchorCache:
         return item
 
     def _replay(self, anchor: Anchor) -> AnchorState:
+        if anchor.policy.startswith(MODEL_PREFIX):
+            raise ValueError(
+                f"anchor {anchor.key()} was reached by a model, which cannot be replayed here: record its states "
+                "with recruit_trl.anchors.record_anchors and pin them (AnchorCache.pin)"
+            )
         env = self.env(anchor.task)
         policy = self.interface.get_policy(anchor.policy)
         act = getattr(policy, "act", None)  # planners look ahead from the live environment
@@ -157,3 +178,72 @@ def anchor_dataset(anchors: Sequence[Anchor]):
             "policy": [a.policy for a in anchors],
         }
     )
+
+
+def record_anchors(
+    interface: EnvInterface,
+    model_path: str,
+    tasks: Sequence[str],
+    seeds: Iterable[int],
+    days: Iterable[int],
+    *,
+    label: str = "model:student",
+    contract: str = "index",
+    recent_k: int = 2,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    policy_seed: int = 0,
+    progress: bool = True,
+) -> dict[Anchor, AnchorState]:
+    """Play ``model_path`` (sampled at ``temperature`` / ``top_p``, seeded by ``policy_seed``) on every task x seed
+    and keep the states on ``days`` (those the episode reaches), keyed by anchors whose policy is ``label``.
+
+    Deterministic for the same arguments on the same machine (the evaluator's seeded lock-step sampling).
+    """
+    from recruit_trl.evaluate import EvalConfig, Evaluator
+
+    if not label.startswith(MODEL_PREFIX):
+        raise ValueError(f"a recorded anchor's label starts with {MODEL_PREFIX!r} (got {label!r})")
+    config = EvalConfig(
+        tasks=tuple(tasks),
+        seeds=tuple(seeds),
+        contract=contract,
+        recent_k=recent_k,
+        temperature=temperature,
+        top_p=top_p,
+        policy_seed=policy_seed,
+    )
+    evaluator = Evaluator(config, interface)
+    evaluator.capture_days = set(days)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(config.tasks) * len(config.seeds), desc="recording anchors", unit="episode")
+    evaluator.run_model(model_path, progress=bar.update if bar else None)
+    if bar:
+        bar.close()
+    return {
+        Anchor(task, seed, day, label, policy_seed): state
+        for (task, seed, day), state in sorted(evaluator.captured.items())
+    }
+
+
+def save_states(path: str | Path, states: Mapping[Anchor, AnchorState], meta: Mapping[str, Any]) -> None:
+    """Write recorded anchor states and what produced them (``meta``) to ``path`` (pickle)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    payload = {"meta": dict(meta), "states": {a.key(): s for a, s in states.items()}}
+    tmp = Path(f"{path}.tmp")
+    tmp.write_bytes(pickle.dumps(payload))
+    tmp.replace(path)  # a reader never sees half a file
+
+
+def load_states(path: str | Path, meta: Mapping[str, Any]) -> dict[Anchor, AnchorState] | None:
+    """The states :func:`save_states` wrote to ``path`` when they were produced by the same ``meta``, else
+    ``None``. Only read files this project wrote: they are pickles."""
+    if not Path(path).is_file():
+        return None
+    payload = pickle.loads(Path(path).read_bytes())
+    if payload.get("meta") != dict(meta):
+        return None
+    return {Anchor.from_key(key): state for key, state in payload["states"].items()}

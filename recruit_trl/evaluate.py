@@ -94,6 +94,10 @@ class Evaluator:
         self.labelled_rows: list[dict[str, Any]] | None = None
         # When a list, every decision of every policy appends one trace record (see the module docstring).
         self.trace: list[dict[str, Any]] | None = None
+        # Model runs keep the state of every episode on these days (recruit_trl.anchors.record_anchors):
+        # captured[(task, seed, day)] = AnchorState.
+        self.capture_days: set[int] = set()
+        self.captured: dict[tuple[str, int, int], Any] = {}
 
     # ------------------------------------------------------------------ environments
     def make_env(self, task: str):
@@ -165,6 +169,7 @@ class Evaluator:
         rngs = [random.Random(seed) for _, seed in episodes]
         active = list(range(len(episodes)))
         while active:
+            self._capture(envs, obs, recent, logs, active)
             candidates = {i: self.interface.candidate_actions(obs[i]) for i in active}
             prompts, messages_of = [], {}
             for i in active:
@@ -201,6 +206,19 @@ class Evaluator:
         return logs
 
     # ------------------------------------------------------------------ bookkeeping
+    def _capture(self, envs, obs, recent, logs: list[EpisodeLog], active: list[int]) -> None:
+        if not self.capture_days:
+            return
+        from recruit_trl.anchors import AnchorState
+
+        k = self.config.recent_k
+        for i in active:
+            day = logs[i].length
+            if day in self.capture_days:
+                kept = tuple(recent[i][len(recent[i]) - k :] if k > 0 else ())
+                state = AnchorState(envs[i].snapshot(), obs[i], kept, False, day)
+                self.captured[(logs[i].task, logs[i].seed, day)] = state
+
     def _label(self, messages, candidates, taught, episode: tuple[str, int], day: int) -> None:
         if self.config.contract == "index":
             k = match_candidate(taught, candidates)

@@ -3,9 +3,12 @@
 ``branch`` mode (default). Each prompt is an anchor (a state somewhere in an episode). The rollout renders
 the state as a compact chat prompt, samples one action per repeated row with the current policy, and scores
 every sampled action from the *same* snapshot: apply it, then play ``horizon`` more days with a continuation
-policy. The environment RNG is re-seeded per group from (anchor, optimizer step, seed) and is therefore
-shared by every row of a group, even when TRL splits the group across processes (common random numbers:
-the comparison inside a group is fair and nothing is clairvoyant across groups).
+policy, ``continuation_seeds`` times with different randomness, and average. The environment RNG is re-seeded
+every simulated day from (anchor, optimizer step, rollout seed, continuation, day), so every row of a group
+faces the same randomness on the same day, even after actions that drew different amounts of it and even when
+TRL splits the group across processes (common random numbers: the comparison inside a group is fair and nothing
+is clairvoyant across groups). The outcome is therefore a function of (anchor, step, action): rows of a group
+that sampled the same action share one computation.
 
 ``window`` mode. ``turns`` consecutive decisions from an anchor form one multi-turn completion: model
 tokens (mask 1) alternate with the environment's reply rendered as the next user turn (``env_mask`` 0).
@@ -24,6 +27,7 @@ row is counted (``rollout/fallback_rate``). Collapse and cost metrics are logged
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 import time
@@ -60,6 +64,11 @@ class RolloutConfig:
         default="grader_heuristic",
         metadata={"help": "Policy (registered by the environment) that plays the horizon."},
     )
+    continuation_seeds: int = field(
+        default=1,
+        metadata={"help": "Branch mode: continuations per distinct sampled action, each with its own randomness, "
+                  "averaged (a single action moves the final grade by less than one continuation's noise)."},
+    )  # fmt: skip
     window_turns: int = field(default=4, metadata={"help": "Model decisions per completion in window mode."})
     recent_k: int = field(default=2, metadata={"help": "Recent actions shown in the prompt's digest."})
     max_new_tokens: int | None = field(
@@ -76,8 +85,8 @@ class RolloutConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.contract not in CONTRACTS:
             raise ValueError(f"contract must be one of {CONTRACTS}, got {self.contract!r}")
-        if self.horizon < 0 or self.window_turns < 1 or self.recent_k < 0:
-            raise ValueError("horizon and recent_k must be >= 0 and window_turns >= 1")
+        if self.horizon < 0 or self.window_turns < 1 or self.recent_k < 0 or self.continuation_seeds < 1:
+            raise ValueError("horizon and recent_k must be >= 0, window_turns and continuation_seeds >= 1")
 
     @property
     def template_kwargs(self) -> dict:
@@ -99,6 +108,11 @@ def group_seed(anchor: Anchor, step: int, seed: int) -> int:
     return int.from_bytes(digest_[:8], "little")
 
 
+def day_seed(seed: int, day: int) -> int:
+    """The step RNG's seed on simulated ``day`` (counted from the anchor) of a continuation seeded ``seed``."""
+    return (seed * 1_000_003 + day * 7_919 + 1) & 0xFFFFFFFFFFFFFFFF
+
+
 class _Scorer:
     """Plays sampled actions from anchor snapshots and sums the interface's reward components."""
 
@@ -111,9 +125,10 @@ class _Scorer:
         self.env_steps = 0
 
     def start(self, anchor: Anchor, state: AnchorState, seed: int):
+        """The pooled environment at the anchor, its RNG seeded for simulated day 0."""
         env = self.cache.env(anchor.task)
         env.restore(state.snapshot)
-        env.reseed(seed)
+        env.reseed(day_seed(seed, 0))
         return env
 
     def apply(self, env, obs: dict, parsed: ParsedAction) -> tuple[ParsedAction, tuple]:
@@ -128,13 +143,17 @@ class _Scorer:
         self.env_steps += 1
         return parsed, result
 
-    def continue_(self, env, obs: dict, totals: dict[str, float], seed: int, days: int) -> tuple[int, dict]:
-        """Play ``days`` days with the continuation policy; returns (steps played, last info)."""
+    def continue_(
+        self, env, obs: dict, totals: dict[str, float], seed: int, days: int, first_day: int = 1
+    ) -> tuple[int, dict]:
+        """Play ``days`` days with the continuation policy, re-seeding the step RNG every day (simulated days
+        ``first_day``, ``first_day + 1``, ...); returns (steps played, last info)."""
         t0 = time.perf_counter()
         rng = random.Random(seed)
         info: dict = {}
         played = 0
-        for _ in range(days):
+        for k in range(days):
+            env.reseed(day_seed(seed, first_day + k))
             action = self.continuation(obs, rng)
             new_obs, reward, terminated, truncated, info = env.step(action)
             _add(totals, self.interface.step_components(obs, action, new_obs, reward, info))
@@ -235,6 +254,7 @@ class BranchRollout(_RolloutBase):
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
 
         rows = []
+        self._outcomes: dict[tuple[str, str], dict[str, Any]] = {}  # (anchor, action) -> outcome, this call only
         for anchor, state, cands, text in zip(anchors, states, candidates, texts, strict=True):
             parsed = parse_action(text, self.config.contract, self.interface, state.obs, cands)
             rows.append(self._score(anchor, state, parsed, step))
@@ -255,26 +275,49 @@ class BranchRollout(_RolloutBase):
         with policy_for_generation(trainer) as policy:
             return sample(policy, tokenizer, prompt_ids, trainer.generation_config, n_tokens, chunk)
 
-    def _score(self, anchor: Anchor, state: AnchorState, parsed: ParsedAction, step: int) -> dict[str, Any]:
-        seed = group_seed(anchor, step, self.config.rollout_seed)
-        env = self.scorer.start(anchor, state, seed)
-        parsed, (obs, reward, terminated, truncated, info) = self.scorer.apply(env, state.obs, parsed)
+    def _outcome(self, anchor: Anchor, state: AnchorState, action: Action, step: int) -> dict[str, Any]:
+        """What ``action`` at the anchor leads to, averaged over ``continuation_seeds`` continuations: the reward
+        components, the final score, the action's error, the scored steps, and the fallback that replaced the
+        action when the environment rejected it (else ``None``)."""
+        base = group_seed(anchor, step, self.config.rollout_seed)
+        n = self.config.continuation_seeds
         totals = {name: 0.0 for name in self.interface.reward_fields}
-        _add(totals, self.interface.step_components(state.obs, parsed.action, obs, reward, info))
-        row = dict(totals)
-        row["action_error"] = info.get("last_action_error")
-        scored = 1
-        if not (terminated or truncated):
-            played, last_info = self.scorer.continue_(env, obs, totals, seed, self.config.horizon)
-            scored += played
-            row.update(totals)
-            if last_info:
-                info = last_info
+        scores, scored, first = [], 0, None
+        for k in range(n):
+            seed = (base + k * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+            env = self.scorer.start(anchor, state, seed)
+            applied, (obs, reward, terminated, truncated, info) = self.scorer.apply(
+                env, state.obs, ParsedAction(action, True)
+            )
+            _add(totals, self.interface.step_components(state.obs, applied.action, obs, reward, info))
+            first = first or (applied, info.get("last_action_error"))
+            scored += 1
+            if not (terminated or truncated):
+                played, last_info = self.scorer.continue_(env, obs, totals, seed, self.config.horizon)
+                scored += played
+                info = last_info or info
+            scores.append(self.interface.final_score(info))
+        applied, error = first
+        out: dict[str, Any] = {name: value / n for name, value in totals.items()}
+        out["final_score"] = None if None in scores else sum(scores) / n
+        out["action_error"] = error
+        out["scored_steps"] = scored / n
+        out["rejected"] = None if applied.valid else applied
+        return out
+
+    def _score(self, anchor: Anchor, state: AnchorState, parsed: ParsedAction, step: int) -> dict[str, Any]:
+        """One row: the (possibly shared) outcome of the parsed action plus what is particular to the row."""
+        key = (anchor.key(), json.dumps(parsed.action, sort_keys=True, default=str))
+        outcome = self._outcomes.get(key)
+        if outcome is None:
+            outcome = self._outcomes[key] = self._outcome(anchor, state, parsed.action, step)
+        if outcome["rejected"] is not None:
+            parsed = outcome["rejected"]
+        row = {name: outcome[name] for name in (*self.interface.reward_fields, "final_score", "action_error")}
         row["valid"] = 1.0 if parsed.valid else 0.0
         row["action_shaping"] = self.interface.action_shaping(state.obs, parsed.action) if parsed.valid else None
-        row["final_score"] = self.interface.final_score(info)
         row["action_type"] = self.interface.action_type(parsed.action)
-        row["scored_steps"] = scored
+        row["scored_steps"] = outcome["scored_steps"]
         return row
 
 
@@ -292,9 +335,8 @@ class WindowRollout(_RolloutBase):
         n = len(anchors)
         seeds = [group_seed(a, step, self.config.rollout_seed) for a in anchors]
         envs = [self.interface.make_env(a.task) for a in anchors]
-        for env, state, seed in zip(envs, states, seeds, strict=True):
+        for env, state in zip(envs, states, strict=True):
             env.restore(state.snapshot)
-            env.reseed(seed)
         obs = [s.obs for s in states]
         recent = [list(s.recent) for s in states]
         candidates = [self.interface.candidate_actions(o) for o in obs]
@@ -322,6 +364,7 @@ class WindowRollout(_RolloutBase):
                 logprobs[i] += lps
                 parsed = parse_action(text, self.config.contract, self.interface, obs[i], candidates[i])
                 before = obs[i]
+                envs[i].reseed(day_seed(seeds[i], turn))
                 parsed, (obs_i, reward, terminated, truncated, info) = self.scorer.apply(envs[i], before, parsed)
                 _add(totals[i], self.interface.step_components(before, parsed.action, obs_i, reward, info))
                 row = rows[i]
@@ -351,7 +394,9 @@ class WindowRollout(_RolloutBase):
             row, tot = rows[i], totals[i]
             info = row["info"]
             if not row["done"] and self.config.horizon:
-                played, last_info = self.scorer.continue_(envs[i], obs[i], tot, seeds[i], self.config.horizon)
+                played, last_info = self.scorer.continue_(
+                    envs[i], obs[i], tot, seeds[i], self.config.horizon, first_day=row["turns"]
+                )
                 row["turns_scored"] = row["turns"] + played
                 if last_info:
                     info = last_info

@@ -12,7 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from recruit_trl.anchors import AnchorCache, anchor_dataset, build_anchors
+from recruit_trl.anchors import (
+    MODEL_PREFIX,
+    AnchorCache,
+    anchor_dataset,
+    build_anchors,
+    load_states,
+    record_anchors,
+    save_states,
+)
 from recruit_trl.protocol import EnvInterface
 from recruit_trl.rollout import RolloutConfig
 from recruit_trl.traces import collect_traces
@@ -60,8 +68,11 @@ class ScriptArguments(RolloutConfig):
     anchor_seeds: str = field(default="100-107", metadata={"help": "Reset seeds of the anchors (0..99 are for eval)."})
     anchor_days: str = field(default="0-170:10", metadata={"help": "Days of the anchors, e.g. 0-170:10."})
     anchor_policy: str = field(
-        default="grader_heuristic", metadata={"help": "Policy that plays the days before an anchor."}
-    )
+        default="grader_heuristic",
+        metadata={"help": "Who plays the days before an anchor: an environment policy (replayed), 'student' (the "
+                  "model RL starts from, sampled as in training: on-policy states, recorded once into "
+                  "<output_dir>/anchor_states.pkl) or 'model:PATH'."},
+    )  # fmt: skip
     reward_funcs: list[str] = field(
         default_factory=lambda: list(DEFAULT_REWARDS),
         metadata={"help": "Reward functions from the `rewards` package, weighted by --reward_weights."},
@@ -190,16 +201,50 @@ def resolve_model_for(name_or_path: str, args: Any, interface: EnvInterface) -> 
     )
 
 
-def make_anchor_dataset(args: ScriptArguments, interface: EnvInterface, cache: AnchorCache | None = None):
-    """Anchors over ``args.tasks`` x seeds x days whose prefix does not end the episode, as a Dataset."""
-    anchors = build_anchors(
-        interface,
-        args.tasks,
-        parse_int_ranges(args.anchor_seeds),
-        parse_int_ranges(args.anchor_days),
-        policy=args.anchor_policy,
-        cache=cache,
-    )
+def make_anchor_dataset(
+    args: ScriptArguments,
+    interface: EnvInterface,
+    cache: AnchorCache | None = None,
+    *,
+    student: str | None = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    states_file: str | None = None,
+):
+    """Anchors over ``args.tasks`` x seeds x days whose prefix does not end the episode, as a Dataset.
+
+    Args:
+        args: the recipe arguments (``anchor_policy``, ``anchor_seeds``, ``anchor_days``, ``tasks``, ...).
+        interface: the environment interface.
+        cache: the rollout's anchor cache; states recorded from a model are pinned there.
+        student: the model RL starts from (``--anchor_policy student``).
+        temperature: sampling temperature of a recording model (the training temperature: on-policy states).
+        top_p: its nucleus.
+        states_file: where recorded states are kept (reused when produced by the same model and settings).
+    """
+    seeds, days = parse_int_ranges(args.anchor_seeds), parse_int_ranges(args.anchor_days)
+    cache = cache or AnchorCache(interface, recent_k=args.recent_k)
+    if args.anchor_policy == "student" or args.anchor_policy.startswith(MODEL_PREFIX):
+        path = student if args.anchor_policy == "student" else args.anchor_policy[len(MODEL_PREFIX) :]
+        if not path:
+            raise ValueError("--anchor_policy student needs the model RL starts from (the warm start or base model)")
+        meta = {
+            "model": str(path), "tasks": list(args.tasks), "seeds": seeds, "days": days, "temperature": temperature,
+            "top_p": top_p, "contract": args.contract, "recent_k": args.recent_k,
+        }  # fmt: skip
+        label = args.anchor_policy if args.anchor_policy.startswith(MODEL_PREFIX) else f"{MODEL_PREFIX}student"
+        states = load_states(states_file, meta) if states_file else None
+        if states is None:
+            states = record_anchors(
+                interface, str(path), args.tasks, seeds, days, label=label,
+                contract=args.contract, recent_k=args.recent_k, temperature=temperature, top_p=top_p,
+            )  # fmt: skip
+            if states_file:
+                save_states(states_file, states, meta)
+        cache.pin(states)
+        anchors = list(states)
+    else:
+        anchors = build_anchors(interface, args.tasks, seeds, days, policy=args.anchor_policy, cache=cache)
     if not anchors:
         raise ValueError("No anchors: every (task, seed, day) prefix ended its episode; use earlier --anchor_days.")
     return anchor_dataset(anchors)

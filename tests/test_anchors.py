@@ -48,3 +48,32 @@ def test_parse_int_ranges():
         parse_int_ranges("5-1")
     with pytest.raises(ValueError, match="bad range"):
         parse_int_ranges("a-b")
+
+
+def test_model_anchors_are_recorded_pinned_and_kept_on_disk(warm_model, tmp_path):
+    from recruit_trl.anchors import MODEL_PREFIX, load_states, record_anchors, save_states
+
+    task = "hard_bench_stage_30"
+    states = record_anchors(INTERFACE, warm_model, [task], [0, 1], [0, 10, 40], temperature=1.0)
+    assert sorted((a.seed, a.day) for a in states) == [(0, 0), (0, 10), (1, 0), (1, 10)]  # day 40: episode over
+    assert all(a.policy == f"{MODEL_PREFIX}student" for a in states)
+    again = record_anchors(INTERFACE, warm_model, [task], [0, 1], [0, 10, 40], temperature=1.0)
+    assert [s.obs for s in again.values()] == [s.obs for s in states.values()]  # seeded: the same states
+    anchor = Anchor(task, 1, 10, f"{MODEL_PREFIX}student")
+    state = states[anchor]
+    assert state.day == 10 and len(state.recent) == 2 and not state.done
+    env = INTERFACE.make_env(task)
+    env.restore(state.snapshot)
+    assert env._observation() == state.obs
+
+    cache = AnchorCache(INTERFACE)
+    with pytest.raises(ValueError, match="cannot be replayed"):
+        cache.get(anchor)
+    cache.pin(states)
+    assert cache.get(anchor) is state
+
+    path = tmp_path / "anchor_states.pkl"
+    save_states(path, states, {"model": warm_model})
+    loaded = load_states(path, {"model": warm_model})
+    assert list(loaded) == list(states) and loaded[anchor].obs == state.obs
+    assert load_states(path, {"model": "another"}) is None and load_states(tmp_path / "none.pkl", {}) is None

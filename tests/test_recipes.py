@@ -162,6 +162,23 @@ def test_warm_start_with_a_lora_adapter_continues_that_adapter(warm_model, tmp_p
         recipe.main(*recipe.parse_args([*flags, "--sft_full_finetune", "maybe"]))
 
 
+def test_grpo_recipe_with_on_policy_anchors_records_them_once(warm_model, tmp_path):
+    recipe = load("grpo_clinical")
+    flags = [
+        "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", *SMALL,
+        "--tasks", "hard_bench_stage_30", "--anchor_days", "0-20:10", "--anchor_policy", "student",
+        "--continuation_seeds", "2",
+    ]  # fmt: skip
+    trainer = recipe.main(*recipe.parse_args(flags))
+    states = tmp_path / "anchor_states.pkl"
+    assert states.is_file() and json.loads((tmp_path / "run_info.json").read_text())["anchors"] == 3
+    keys = trainer.train_dataset["prompt"]
+    assert all(json.loads(k)["policy"] == "model:student" for k in keys)
+    stamp = states.stat().st_mtime
+    recipe.main(*recipe.parse_args([*flags, "--max_steps", "2"]))  # same model and settings: read, not re-recorded
+    assert states.stat().st_mtime == stamp
+
+
 def test_yaml_config_is_read_and_flags_override_it():
     recipe = load("grpo_clinical")
     script_args, training_args, model_args = recipe.parse_args(

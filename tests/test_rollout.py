@@ -138,3 +138,32 @@ def test_metrics_are_logged_through_the_trainer(tokenizer):
     assert logged["rollout/action_type/screen_patient"] == 0.5
     assert logged["rollout/gen_tokens_per_decision"] == 8.0
     assert logged["rollout/action_entropy"] == pytest.approx(0.6931, abs=1e-4)
+
+
+def test_branch_scores_each_distinct_action_once_over_several_continuations(tokenizer, monkeypatch):
+    texts = ['{"action_index": 0}', '{"action_index": 0}', '{"action_index": 0}', '{"action_index": 1}']
+    rollout = BranchRollout(RolloutConfig(horizon=5, continuation_seeds=3))
+    calls = []
+    outcome = rollout._outcome
+    monkeypatch.setattr(rollout, "_outcome", lambda *a: calls.append(a[2]) or outcome(*a))
+    out, _ = run(rollout, tokenizer, monkeypatch, texts)
+    assert len(calls) == 4  # two anchors x two distinct actions
+    assert rollout.scorer.env_steps == 4 * 3 * 6  # each: 3 continuations of the action + 5 days
+    assert out["env_return"][0] == out["env_return"][1] == out["env_return"][2]
+    assert out["scored_steps"] == [6.0] * 8
+    single = run(BranchRollout(RolloutConfig(horizon=5)), tokenizer, monkeypatch, texts)[0]
+    assert out["env_return"] != single["env_return"]  # an average of three continuations, not the first one
+
+
+def test_continuations_reseed_the_environment_every_simulated_day(tokenizer, monkeypatch):
+    from env.core import ClinicalRecruitmentEnv
+    from recruit_trl.rollout import day_seed, group_seed
+
+    seeds = []
+    reseed = ClinicalRecruitmentEnv.reseed
+    monkeypatch.setattr(ClinicalRecruitmentEnv, "reseed", lambda self, s: seeds.append(s) or reseed(self, s))
+    out, _ = run(BranchRollout(RolloutConfig(horizon=4)), tokenizer, monkeypatch, ['{"action_index": 0}'], group=1)
+    first = group_seed(ANCHORS[0], 0, 0)
+    # Day d of a continuation draws from its own stream: a different action earlier does not shift later days.
+    assert seeds[:5] == [day_seed(first, d) for d in range(5)]
+    assert len(seeds) == 10 and out["scored_steps"] == [5, 5]
