@@ -240,10 +240,14 @@ def save_states(path: str | Path, states: Mapping[Anchor, AnchorState], meta: Ma
 
 def load_states(path: str | Path, meta: Mapping[str, Any]) -> dict[Anchor, AnchorState] | None:
     """The states :func:`save_states` wrote to ``path`` when they were produced by the same ``meta``, else
-    ``None``. Only read files this project wrote: they are pickles."""
+    ``None`` (also for a file this version cannot read: the caller records the states again). Only read files
+    this project wrote: they are pickles."""
     if not Path(path).is_file():
         return None
-    payload = pickle.loads(Path(path).read_bytes())
-    if payload.get("meta") != dict(meta):
+    try:
+        payload = pickle.loads(Path(path).read_bytes())
+    except Exception:  # an older layout of the snapshot classes, or not our file: record again
+        return None
+    if not isinstance(payload, dict) or payload.get("meta") != dict(meta):
         return None
     return {Anchor.from_key(key): state for key, state in payload["states"].items()}

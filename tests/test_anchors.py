@@ -77,3 +77,5 @@ def test_model_anchors_are_recorded_pinned_and_kept_on_disk(warm_model, tmp_path
     loaded = load_states(path, {"model": warm_model})
     assert list(loaded) == list(states) and loaded[anchor].obs == state.obs
     assert load_states(path, {"model": "another"}) is None and load_states(tmp_path / "none.pkl", {}) is None
+    path.write_bytes(b"not a pickle")
+    assert load_states(path, {"model": warm_model}) is None  # unreadable: recorded again, never a crash
