@@ -210,6 +210,7 @@ def report_run(script_args, training_args, model_args, trainer, model_path: str,
         "sft": json.loads(sft_report.read_text()) if sft_report and sft_report.is_file() else None,
         "config": {
             "script": {k: v for k, v in vars(script_args).items()},
+            "sft_full_finetune_resolved": sft_full_finetune(script_args, model_args, model_path),
             "grpo": {
                 k: getattr(training_args, k)
                 for k in (

@@ -136,6 +136,7 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     sampled = json.loads((tmp_path / "eval" / "grpo-sampled.json").read_text())
     assert (sampled["temperature"], sampled["top_p"]) == (1.0, 0.8) and sampled["config"]["temperature"] == 1.0
     assert report["sft"]["valid_action_rate"] is not None
+    assert report["config"]["sft_full_finetune_resolved"] is True  # "auto", resolved for a tiny model built here
     assert len(report["training"]["curves"]["step"]) == 2
     for name in ("training_curves.png", "action_types.png", "final_scores.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
