@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recruit_trl.anchors import AnchorState
 from recruit_trl.contracts import CONTRACTS, MAX_NEW_TOKENS, build_messages, digest, parse_action, parse_json_object
 from recruit_trl.protocol import EnvInterface, get_env_interface
 from recruit_trl.traces import MATCH_FIELDS, match_candidate, trace_row
@@ -97,7 +98,7 @@ class Evaluator:
         # Model runs keep the state of every episode on these days (recruit_trl.anchors.record_anchors):
         # captured[(task, seed, day)] = AnchorState.
         self.capture_days: set[int] = set()
-        self.captured: dict[tuple[str, int, int], Any] = {}
+        self.captured: dict[tuple[str, int, int], AnchorState] = {}
 
     # ------------------------------------------------------------------ environments
     def make_env(self, task: str):
@@ -209,8 +210,6 @@ class Evaluator:
     def _capture(self, envs, obs, recent, logs: list[EpisodeLog], active: list[int]) -> None:
         if not self.capture_days:
             return
-        from recruit_trl.anchors import AnchorState
-
         k = self.config.recent_k
         for i in active:
             day = logs[i].length

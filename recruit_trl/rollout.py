@@ -282,22 +282,23 @@ class BranchRollout(_RolloutBase):
         base = group_seed(anchor, step, self.config.rollout_seed)
         n = self.config.continuation_seeds
         totals = {name: 0.0 for name in self.interface.reward_fields}
-        scores, scored, first = [], 0, None
+        scores, scored = [], 0
+        applied, error = None, None  # from the first continuation: the action's effect does not depend on the seed
         for k in range(n):
             seed = (base + k * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
             env = self.scorer.start(anchor, state, seed)
-            applied, (obs, reward, terminated, truncated, info) = self.scorer.apply(
+            applied_k, (obs, reward, terminated, truncated, info) = self.scorer.apply(
                 env, state.obs, ParsedAction(action, True)
             )
-            _add(totals, self.interface.step_components(state.obs, applied.action, obs, reward, info))
-            first = first or (applied, info.get("last_action_error"))
+            _add(totals, self.interface.step_components(state.obs, applied_k.action, obs, reward, info))
+            if k == 0:
+                applied, error = applied_k, info.get("last_action_error")
             scored += 1
             if not (terminated or truncated):
                 played, last_info = self.scorer.continue_(env, obs, totals, seed, self.config.horizon)
                 scored += played
                 info = last_info or info
             scores.append(self.interface.final_score(info))
-        applied, error = first
         out: dict[str, Any] = {name: value / n for name, value in totals.items()}
         out["final_score"] = None if None in scores else sum(scores) / n
         out["action_error"] = error
