@@ -204,20 +204,26 @@ class ClinicalInterface:
         # Free actions (plan, memory) leave the state almost unchanged, so a weak policy that picks one where a
         # productive action exists can loop on it forever: list them only when nothing productive is legal,
         # screening is on hold (when the expert uses them too), or any productive action would eat into the
-        # budget the grader wants kept (a policy that cannot wait otherwise spends everything). They come first,
-        # at fixed positions (recall, save, plans), because a small model finds an action by its index more
-        # easily at the head of a list whose length varies than at its tail.
+        # budget the grader wants kept (a policy that cannot wait otherwise spends everything). Plans are the
+        # exception: while the agent has no plan of its own they are always listed, because the graders pay for
+        # one (plan follow-through: 5 % of medium's grade, which a student that could never plan on a productive
+        # day lost entirely) and a plan of its own removes them again (the environment lets it lapse after 24 days).
+        # Free actions come first, at fixed positions (recall, save, plans), because a small model finds an action
+        # by its index more easily at the head of a list whose length varies than at its tail.
         productive = any(a["action_type"] in SHAPING for a in out)
         reserve = BUDGET_RESERVE.get(task.base_task, 0.0) * obs["initial_budget"]
         lean = budget - min(task.screening_cost, task.recontact_cost, task.enrollment_cost) < reserve
+        phase = obs["current_plan"].get("target_phase") or "screening"
+        targets = dict.fromkeys(("screening", "recovery", phase))
+        plans = [act("plan_next_phase", target_phase=target) for target in targets]
         if hold or not productive or lean:
             free = []
             if obs["indexed_memory_summary"]["entries"]:
                 free.append(act("retrieve_relevant_history", memory_query=MEMORY_KEY))
             free.append(act("summarize_and_index", memory_key=MEMORY_KEY))
-            phase = obs["current_plan"].get("target_phase") or "screening"
-            free += [act("plan_next_phase", target_phase=target) for target in dict.fromkeys(("screening", phase))]
-            out = free + out
+            out = free + plans + out
+        elif not str(obs["current_plan"].get("plan_id", "")).startswith("plan-"):
+            out = plans + out  # no plan of the agent's own (none, or the environment's autoplan): offer to make one
         if obs["time_to_deadline_days"] <= STOP_WINDOW:  # stopping early is never worth it before the endgame
             progress = obs["enrolled_so_far"] / max(1, obs["target_enrollment"])
             out.append(act("stop_recruitment", confidence=round(min(1.0, progress), 3)))

@@ -37,7 +37,7 @@ from typing import Any
 from recruit_trl.anchors import AnchorState
 from recruit_trl.contracts import CONTRACTS, MAX_NEW_TOKENS, build_messages, digest, parse_action, parse_json_object
 from recruit_trl.protocol import EnvInterface, get_env_interface
-from recruit_trl.traces import MATCH_FIELDS, match_candidate, trace_row
+from recruit_trl.traces import match_candidate, same_action, trace_row
 
 # Published reference figures (shared/spec/reference-results.md): best reference policy per task, and its LLMs.
 REFERENCE_BEST = {"easy_bench": 0.607, "medium_bench": 0.533, "hard_bench": 0.560}
@@ -75,10 +75,6 @@ class EpisodeLog:
     teacher_match: int = 0
     teacher_checked: int = 0
     action_types: Counter = field(default_factory=Counter)
-
-
-def _match(a: dict, b: dict) -> bool:
-    return all(a.get(f) == b.get(f) for f in MATCH_FIELDS)
 
 
 class Evaluator:
@@ -239,7 +235,7 @@ class Evaluator:
                     "day": log.length,
                     "action": describe(action),
                     "teacher": describe(taught) if taught is not None else None,
-                    "match": _match(action, taught) if taught is not None else None,
+                    "match": same_action(action, taught) if taught is not None else None,
                     "valid": bool(valid and not info.get("last_action_error")),
                     "outcome": self.interface.outcome(info),
                 }
@@ -253,7 +249,7 @@ class Evaluator:
         log.valid += int(valid and not info.get("last_action_error"))
         if taught is not None:
             log.teacher_checked += 1
-            log.teacher_match += int(_match(action, taught))
+            log.teacher_match += int(same_action(action, taught))
 
     def _finish(self, log: EpisodeLog, obs: dict, info: dict) -> None:
         log.final_score = self.interface.final_score(info)

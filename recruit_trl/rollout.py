@@ -18,7 +18,8 @@ Both return ``prompt_ids``, ``completion_ids``, ``logprobs`` and extra per-row f
 receive as keyword arguments: every environment reward component summed over the scored steps, ``valid``
 (1.0 when the model's text parsed under the action contract), ``action_shaping`` (``None`` for invalid
 rows), ``final_score`` (``None`` unless the episode ended inside the horizon), ``action_type``,
-``action_error`` and ``scored_steps``.
+``action_error``, ``scored_steps`` and ``teacher_match`` (with ``reward_teacher`` set: 1.0 when the model's action does
+what that policy would do in the same state, in window mode the fraction of turns; ``None`` without a teacher).
 
 Invalid model output never raises: the environment interface's fallback action is played instead and the
 row is counted (``rollout/fallback_rate``). Collapse and cost metrics are logged through the trainer.
@@ -40,10 +41,11 @@ from recruit_trl.anchors import Anchor, AnchorCache, AnchorState, anchor_from_pr
 from recruit_trl.contracts import CONTRACTS, MAX_NEW_TOKENS, ParsedAction, build_messages, digest, parse_action
 from recruit_trl.generation import policy_for_generation, sample
 from recruit_trl.protocol import Action, EnvInterface, get_env_interface
+from recruit_trl.traces import same_action
 
 MODES = ("branch", "window")
 # Per-row fields every rollout returns besides the environment's reward components.
-ROW_FIELDS = ("valid", "action_shaping", "final_score", "action_type", "action_error", "scored_steps")
+ROW_FIELDS = ("valid", "action_shaping", "final_score", "action_type", "action_error", "scored_steps", "teacher_match")
 
 
 @dataclass
@@ -68,6 +70,11 @@ class RolloutConfig:
         default=1,
         metadata={"help": "Branch mode: continuations per distinct sampled action, each with its own randomness, "
                   "averaged (a single action moves the final grade by less than one continuation's noise)."},
+    )  # fmt: skip
+    reward_teacher: str = field(
+        default="",
+        metadata={"help": "Policy (registered by the environment) whose action in the same state each decision is "
+                  "compared with (row field teacher_match, for rewards.teacher_match_reward); '' for none."},
     )  # fmt: skip
     window_turns: int = field(default=4, metadata={"help": "Model decisions per completion in window mode."})
     recent_k: int = field(default=2, metadata={"help": "Recent actions shown in the prompt's digest."})
@@ -177,6 +184,7 @@ class _RolloutBase:
         self.interface = interface or get_env_interface(self.config.env)
         self.cache = AnchorCache(self.interface, recent_k=self.config.recent_k)
         self.scorer = _Scorer(self.interface, self.config, self.cache)
+        self.teacher = self.interface.get_policy(self.config.reward_teacher) if self.config.reward_teacher else None
         self._prompt_ids: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------------ helpers
@@ -186,6 +194,17 @@ class _RolloutBase:
         tokenizer = tokenizer or trainer.processing_class
         step = step if step is not None else (trainer.state.global_step if trainer is not None else 0)
         return tokenizer, step, [anchor_from_prompt(p) for p in prompts]
+
+    def teacher_action(self, env, obs: dict, seed: int) -> Action | None:
+        """The teacher's action in ``env``'s current state (``obs``); a planner reads ``env`` but never steps it."""
+        if self.teacher is None:
+            return None
+        t0 = time.perf_counter()
+        rng = random.Random(seed)
+        act = getattr(self.teacher, "act", None)
+        action = act(env, obs=obs, rng=rng) if act is not None else self.teacher(obs, rng)
+        self.scorer.env_seconds += time.perf_counter() - t0
+        return action
 
     def _extra_fields(self, rows: list[dict[str, Any]]) -> dict[str, list]:
         """The per-row fields forwarded to reward functions (one list per field, in row order)."""
@@ -255,6 +274,7 @@ class BranchRollout(_RolloutBase):
 
         rows = []
         self._outcomes: dict[tuple[str, str], dict[str, Any]] = {}  # (anchor, action) -> outcome, this call only
+        self._taught: dict[str, Action | None] = {}  # anchor -> the teacher's action, this call only
         for anchor, state, cands, text in zip(anchors, states, candidates, texts, strict=True):
             parsed = parse_action(text, self.config.contract, self.interface, state.obs, cands)
             rows.append(self._score(anchor, state, parsed, step))
@@ -319,6 +339,13 @@ class BranchRollout(_RolloutBase):
         row["action_shaping"] = self.interface.action_shaping(state.obs, parsed.action) if parsed.valid else None
         row["action_type"] = self.interface.action_type(parsed.action)
         row["scored_steps"] = outcome["scored_steps"]
+        row["teacher_match"] = None
+        if self.teacher is not None:
+            if anchor.key() not in self._taught:
+                seed = group_seed(anchor, step, self.config.rollout_seed)
+                env = self.scorer.start(anchor, state, seed)
+                self._taught[anchor.key()] = self.teacher_action(env, state.obs, seed)
+            row["teacher_match"] = float(parsed.valid and same_action(parsed.action, self._taught[anchor.key()]))
         return row
 
 
@@ -347,7 +374,15 @@ class WindowRollout(_RolloutBase):
         logprobs: list[list[float]] = [[] for _ in range(n)]
         totals = [{name: 0.0 for name in self.interface.reward_fields} for _ in range(n)]
         rows: list[dict[str, Any]] = [
-            {"valid_turns": 0, "turns": 0, "first": None, "action_error": None, "info": {}, "done": False}
+            {
+                "valid_turns": 0,
+                "matched_turns": 0,
+                "turns": 0,
+                "first": None,
+                "action_error": None,
+                "info": {},
+                "done": False,
+            }
             for _ in range(n)
         ]
         day = [s.day for s in states]
@@ -365,6 +400,9 @@ class WindowRollout(_RolloutBase):
                 logprobs[i] += lps
                 parsed = parse_action(text, self.config.contract, self.interface, obs[i], candidates[i])
                 before = obs[i]
+                taught = self.teacher_action(envs[i], before, day_seed(seeds[i], turn))
+                if taught is not None:
+                    rows[i]["matched_turns"] += int(parsed.valid and same_action(parsed.action, taught))
                 envs[i].reseed(day_seed(seeds[i], turn))
                 parsed, (obs_i, reward, terminated, truncated, info) = self.scorer.apply(envs[i], before, parsed)
                 _add(totals[i], self.interface.step_components(before, parsed.action, obs_i, reward, info))
@@ -409,6 +447,7 @@ class WindowRollout(_RolloutBase):
             out["action_type"] = self.interface.action_type(first.action)
             out["action_error"] = row["action_error"]
             out["scored_steps"] = row.get("turns_scored", row["turns"])
+            out["teacher_match"] = row["matched_turns"] / max(1, row["turns"]) if self.teacher is not None else None
             out_rows.append(out)
         result: dict[str, Any] = {
             "prompt_ids": prompt_ids,

@@ -49,11 +49,15 @@ def fallback_teacher(interface: EnvInterface) -> CandidateTeacher:
     return pick
 
 
+def same_action(a: Action, b: Action) -> bool:
+    """Whether two actions do the same thing (``MATCH_FIELDS`` equal; hypothesis and confidence ignored)."""
+    return all(a.get(f) == b.get(f) for f in MATCH_FIELDS)
+
+
 def match_candidate(action: Action, candidates: Sequence[Action]) -> int | None:
     """Index of the candidate taking the same action as ``action`` (ignoring hypothesis/confidence)."""
-    key = tuple(action.get(f) for f in MATCH_FIELDS)
     for k, cand in enumerate(candidates):
-        if tuple(cand.get(f) for f in MATCH_FIELDS) == key:
+        if same_action(cand, action):
             return k
     return None
 

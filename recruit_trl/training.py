@@ -133,6 +133,11 @@ class ScriptArguments(RolloutConfig):
         default=0.8, metadata={"help": "Nucleus for the sampled evaluation (trims malformed answers; 1 = off)."}
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if "teacher_match_reward" in self.reward_funcs and not self.reward_teacher:
+            raise ValueError("--reward_funcs teacher_match_reward needs --reward_teacher (e.g. grader_heuristic)")
+
 
 def tiny_corpus_fn(interface: EnvInterface, tasks, episodes_per_task: int, contract: str, recent_k: int):
     """The tiny model's warm-up corpus: safe-agent traces with 30% random candidates, on seeds 200+."""

@@ -21,6 +21,9 @@ Components (fields summed over the scored steps: the sampled action plus the con
   (``action_shaping``; ``None`` for unparseable rows, which :func:`format_reward` already scores).
 * :func:`final_score_reward`: the grader's final score when the episode ended inside the horizon
   (``final_score``; ``None`` otherwise).
+* :func:`teacher_match_reward`: 1 when the sampled action does what the rollout's ``reward_teacher`` policy would do in
+  the same state (window mode: the fraction of turns), else 0 (``teacher_match``): a dense, noise-free signal on
+  the states the policy reaches, i.e. on-policy distillation of the teacher inside GRPO.
 """
 
 from __future__ import annotations
@@ -91,6 +94,16 @@ def final_score_reward(completions: list, **kwargs: Any) -> list[float | None]:
     return _as_float(_field("final_score", kwargs, "final_score_reward"))
 
 
+def teacher_match_reward(completions: list, **kwargs: Any) -> list[float | None]:
+    """1.0 when the sampled action is the rollout teacher's action in the same state, else 0."""
+    values = _field("teacher_match", kwargs, "teacher_match_reward")
+    if values and all(v is None for v in values):
+        raise ValueError(
+            "teacher_match_reward needs a rollout teacher: set RolloutConfig.reward_teacher (--reward_teacher)"
+        )
+    return _as_float(values)
+
+
 REWARD_FUNCS: dict[str, RewardFunc] = {
     f.__name__: f
     for f in (
@@ -103,6 +116,7 @@ REWARD_FUNCS: dict[str, RewardFunc] = {
         format_reward,
         action_shaping_reward,
         final_score_reward,
+        teacher_match_reward,
     )
 }
 

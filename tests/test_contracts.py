@@ -145,3 +145,26 @@ def test_free_actions_head_the_list_and_the_fallback_never_idles():
         obs, _, terminated, truncated, _ = env.step(action)
         done = terminated or truncated
     assert seen_free > 5
+
+
+def test_plans_are_offered_until_the_agent_has_its_own():
+    """The graders pay for a plan of the agent's own; an index-contract student can only make one if it is listed."""
+    import random
+
+    from env.expert import ExpertPolicy
+    from recruit_trl.traces import match_candidate
+
+    env = ClinicalRecruitmentEnv("medium_bench")
+    obs, _ = env.reset(seed=0)
+    listed = [c.get("target_phase") for c in INTERFACE.candidate_actions(obs) if c["action_type"] == "plan_next_phase"]
+    assert obs["current_plan"]["plan_id"].startswith("autoplan") and {"screening", "recovery"} <= set(listed)
+    # The expert's day-0 plan on medium (a recovery plan) is one of them.
+    expert = ExpertPolicy()
+    first = expert.act(env, rng=random.Random(0), obs=obs)
+    assert first["action_type"] == "plan_next_phase"
+    assert match_candidate(first, INTERFACE.candidate_actions(obs)) is not None
+    obs, *_ = env.step(first)
+    # With a plan of its own, plans are listed only with the other free actions (hold, nothing productive, lean).
+    kinds = [c["action_type"] for c in INTERFACE.candidate_actions(obs)]
+    assert obs["current_plan"]["plan_id"].startswith("plan-")
+    assert ("plan_next_phase" in kinds) == ("summarize_and_index" in kinds)

@@ -16,6 +16,7 @@ from rewards import (
     hypothesis_reward,
     milestone_reward,
     screening_reward,
+    teacher_match_reward,
 )
 
 FIELDS = {
@@ -29,6 +30,7 @@ FIELDS = {
     "valid": [1.0, 0.0, 0.5],
     "action_shaping": [0.2, None, -0.1],
     "final_score": [None, 0.61, None],
+    "teacher_match": [1.0, 0.0, 0.5],
 }
 COMPLETIONS = ['{"action_index": 0}', "garbage", '{"action_index": 3}']
 
@@ -44,11 +46,15 @@ def test_each_component_reads_its_field():
     assert format_reward(COMPLETIONS, **kw) == [1.0, 0.0, 0.5]
     assert action_shaping_reward(COMPLETIONS, **kw) == [0.2, None, -0.1]
     assert final_score_reward(COMPLETIONS, **kw) == [None, 0.61, None]
+    assert teacher_match_reward(COMPLETIONS, **kw) == [1.0, 0.0, 0.5]
 
 
 def test_missing_field_is_a_clear_error():
     with pytest.raises(ValueError, match="'enrollment_gain'.*rollout"):
         enrollment_reward(COMPLETIONS, env_return=[1.0, 2.0, 3.0])
+    # A rollout without a teacher fills teacher_match with None: a configuration error, not "no reward".
+    with pytest.raises(ValueError, match="reward_teacher"):
+        teacher_match_reward(COMPLETIONS, teacher_match=[None, None, None])
 
 
 def test_registry_and_imports():

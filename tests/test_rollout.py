@@ -56,7 +56,7 @@ def test_branch_output_contract(tokenizer, monkeypatch):
     out, _ = run(BranchRollout(RolloutConfig(horizon=5)), tokenizer, monkeypatch, texts)
     n = 8
     for key in ("prompt_ids", "completion_ids", "logprobs", *INTERFACE.reward_fields, "valid", "action_shaping",
-                "final_score", "action_type", "action_error", "scored_steps"):  # fmt: skip
+                "final_score", "action_type", "action_error", "scored_steps", "teacher_match"):  # fmt: skip
         assert len(out[key]) == n, key
     assert all(len(c) >= 1 for c in out["completion_ids"])
     assert all(len(c) == len(lp) for c, lp in zip(out["completion_ids"], out["logprobs"], strict=True))
@@ -167,3 +167,40 @@ def test_continuations_reseed_the_environment_every_simulated_day(tokenizer, mon
     # Day d of a continuation draws from its own stream: a different action earlier does not shift later days.
     assert seeds[:5] == [day_seed(first, d) for d in range(5)]
     assert len(seeds) == 10 and out["scored_steps"] == [5, 5]
+
+
+def test_teacher_match_compares_each_row_with_the_teacher_in_the_same_state(tokenizer, monkeypatch):
+    import random
+
+    from recruit_trl.traces import match_candidate
+
+    heuristic = INTERFACE.get_policy("grader_heuristic")
+    taught = []
+    for anchor in ANCHORS:
+        obs = _state(anchor).obs
+        taught.append(match_candidate(heuristic(obs, random.Random(0)), INTERFACE.candidate_actions(obs)))
+    assert None not in taught
+    # Rows 0-1 of each group answer the teacher's index, rows 2-3 another candidate (or nothing parseable).
+    texts = []
+    for k in taught:
+        texts += [f'{{"action_index": {k}}}'] * 2 + [f'{{"action_index": {1 if k == 0 else 0}}}', "no idea"]
+    out, _ = run(BranchRollout(RolloutConfig(horizon=2, reward_teacher="grader_heuristic")), tokenizer, monkeypatch,
+                 texts)  # fmt: skip
+    assert out["teacher_match"] == [1.0, 1.0, 0.0, 0.0] * 2
+    plain, _ = run(BranchRollout(RolloutConfig(horizon=2)), tokenizer, monkeypatch, texts)
+    assert plain["teacher_match"] == [None] * 8
+    assert plain["env_return"] == out["env_return"]  # asking the teacher does not disturb the outcomes
+
+    window = WindowRollout(RolloutConfig(mode="window", window_turns=2, horizon=1, reward_teacher="grader_heuristic"))
+    first_turn, _ = run(window, tokenizer, monkeypatch, texts)
+    assert [m >= 0.5 for m in first_turn["teacher_match"][:2]] == [True, True]  # the first of two turns matched
+    assert all(0.0 <= m <= 1.0 for m in first_turn["teacher_match"])
+    assert first_turn["teacher_match"][3] == 0.0  # unparseable twice
+
+
+def test_teacher_match_reward_needs_a_teacher():
+    from recruit_trl.training import ScriptArguments
+
+    with pytest.raises(ValueError, match="--reward_teacher"):
+        ScriptArguments(reward_funcs=["final_score_reward", "teacher_match_reward"])
+    assert ScriptArguments(reward_funcs=["teacher_match_reward"], reward_teacher="expert").reward_teacher == "expert"
