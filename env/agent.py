@@ -11,11 +11,12 @@ and registers it as ``"clinical"``. It is the only place where the plugin meets 
   are checked), ordered from most to least productive: allocate (the most urgent consent to every open site,
   best success chance first; other consents to their best site), recontact (only patients that can still
   consent or enrol), screen (every available patient), strategy changes (including a negotiation with each
-  site); memory (one ``site`` entry) and plan (screening, current phase) only on hold days, when nothing
-  productive is legal, or when spending would eat into the budget reserve the grader rewards (free actions
-  leave the state unchanged, and a weak policy that picks one in a normal state loops on it), and then at the
-  head of the list; stop only in the last 20 days. The rest of the expert's decisions (memory and plan chores
-  on ordinary days) are not recorded in SFT traces. Every candidate carries the hypothesis that matches the
+  site); memory (one ``site`` entry) only on hold days, when nothing productive is legal, or when spending
+  would eat into the budget reserve the grader rewards (free actions leave the state unchanged, and a weak
+  policy that picks one in a normal state loops on it); plans (screening, recovery, current phase) then too,
+  and on every day while the agent has no plan of its own (the graders pay for one); free actions at the
+  head of the list; stop only in the last 20 days. The rest of the expert's decisions (memory chores and
+  waiting on ordinary days) are not recorded in SFT traces. Every candidate carries the hypothesis that matches the
   observed world type (the reference exposes it; see quirk 6) so the model only chooses *what to do*.
 * Safe fallback: the most productive legal candidate (the first that is neither free nor ``stop``), used when
   a model output cannot be parsed; such steps are counted as invalid by the rollout.
