@@ -266,6 +266,11 @@ class ClinicalInterface:
             return -0.10 if productive else 0.0
         return 0.0
 
+    def score_terms(self, env: Any) -> dict[str, float] | None:
+        """The weighted parts of the finished episode's grade (``None`` for a remote environment)."""
+        terms = getattr(env, "grade_terms", None)
+        return terms() if terms is not None else None
+
     def final_score(self, info: Mapping[str, Any]) -> float | None:
         return info.get("final_score")
 

@@ -24,7 +24,7 @@ import random
 from bisect import bisect_right, insort
 from typing import Any
 
-from env.graders import grade
+from env.graders import grade, grade_terms
 from env.models import PLAN_PHASES, validate_action
 from env.reward import HYPOTHESIS_WORLD, progress_bonus, step_reward, token_penalty
 from env.tasks import TaskSpec, get_task
@@ -429,6 +429,14 @@ class ClinicalRecruitmentEnv:
         if not s.done:
             return None
         return self._grade(self._observation())
+
+    def grade_terms(self) -> dict[str, float] | None:
+        """The weighted parts of the final grade (:func:`env.graders.grade_terms`) once the episode is over."""
+        s = self._require_state()
+        if not s.done:
+            return None
+        obs = self._observation()
+        return grade_terms(self.task.base_task, {**obs, "world_type": self.task.world_type}, s.history)
 
     def _grade(self, obs: Observation) -> float:
         # The grader scores hypotheses against the true world type, even when the observation hides it.

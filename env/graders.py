@@ -85,7 +85,7 @@ def _finish(score: float) -> float:
     return max(0.001, min(0.999, round(score, 4)))
 
 
-def grade_easy(obs: Mapping[str, Any], history: History) -> float:
+def terms_easy(obs: Mapping[str, Any], history: History) -> dict[str, float]:
     funnel = obs["current_funnel"]
     enrolled, target = obs["enrolled_so_far"], obs["target_enrollment"]
     horizon = _horizon(obs, history)
@@ -96,42 +96,40 @@ def grade_easy(obs: Mapping[str, Any], history: History) -> float:
     else:
         timeline = 0.5 * enrolled / target if len(history) < horizon else 0.0
     efficiency = min(1.0, (funnel["eligible"] / screened) / 0.7) if screened else 0.0
-    score = (
-        0.30 * min(1.0, enrolled / target)
-        + 0.17 * _budget_kept(screened, 10, bf, BUDGET_RESERVE["easy_bench"])
-        + 0.17 * efficiency
-        + 0.10 * timeline
-        + 0.10 * _consistency(history)
-        + 0.05 * _accuracy(history, obs["world_type"])
-        + 0.03 * _milestone_potential(obs, history)
-        + 0.02 * _plan_followthrough(history)
-        + 0.03 * _memory_use(history)
-        + 0.03 * _token_grade(obs, history)
-    )
-    return _finish(score)
+    return {
+        "enrolment": 0.30 * min(1.0, enrolled / target),
+        "budget_kept": 0.17 * _budget_kept(screened, 10, bf, BUDGET_RESERVE["easy_bench"]),
+        "screening_efficiency": 0.17 * efficiency,
+        "timeline": 0.10 * timeline,
+        "hypothesis_consistency": 0.10 * _consistency(history),
+        "hypothesis_accuracy": 0.05 * _accuracy(history, obs["world_type"]),
+        "milestone_potential": 0.03 * _milestone_potential(obs, history),
+        "plan_followthrough": 0.02 * _plan_followthrough(history),
+        "memory_use": 0.03 * _memory_use(history),
+        "token_efficiency": 0.03 * _token_grade(obs, history),
+    }
 
 
-def grade_medium(obs: Mapping[str, Any], history: History) -> float:
+def terms_medium(obs: Mapping[str, Any], history: History) -> dict[str, float]:
     funnel = obs["current_funnel"]
     enrolled, target = obs["enrolled_so_far"], obs["target_enrollment"]
     bf = max(0.0, obs["budget_remaining"]) / max(1, obs["initial_budget"])
     n_sites = len({h["site_id"] for h in history if h["site_id"]})
     sites = 1.0 if n_sites >= 3 else 0.7 if n_sites == 2 else 0.3 if n_sites == 1 else 0.0
-    score = (
-        0.25 * min(1.0, enrolled / target)
-        + 0.15 * _retention(funnel, enrolled)
-        + 0.15 * sites
-        + 0.10 * _budget_kept(funnel["screened"], 15, bf, BUDGET_RESERVE["medium_bench"])
-        + 0.10 * _consistency(history)
-        + 0.10 * _accuracy(history, obs["world_type"])
-        + 0.05 * _plan_followthrough(history)
-        + 0.05 * _milestone_potential(obs, history)
-        + 0.05 * _token_grade(obs, history)
-    )
-    return _finish(score)
+    return {
+        "enrolment": 0.25 * min(1.0, enrolled / target),
+        "retention": 0.15 * _retention(funnel, enrolled),
+        "site_variety": 0.15 * sites,
+        "budget_kept": 0.10 * _budget_kept(funnel["screened"], 15, bf, BUDGET_RESERVE["medium_bench"]),
+        "hypothesis_consistency": 0.10 * _consistency(history),
+        "hypothesis_accuracy": 0.10 * _accuracy(history, obs["world_type"]),
+        "plan_followthrough": 0.05 * _plan_followthrough(history),
+        "milestone_potential": 0.05 * _milestone_potential(obs, history),
+        "token_efficiency": 0.05 * _token_grade(obs, history),
+    }
 
 
-def grade_hard(obs: Mapping[str, Any], history: History) -> float:
+def terms_hard(obs: Mapping[str, Any], history: History) -> dict[str, float]:
     funnel = obs["current_funnel"]
     enrolled, target = obs["enrolled_so_far"], obs["target_enrollment"]
     bf = max(0.0, obs["budget_remaining"]) / max(1, obs["initial_budget"])
@@ -154,21 +152,20 @@ def grade_hard(obs: Mapping[str, Any], history: History) -> float:
         curric = 0.0
     strategies = sum(1 for h in history if h["action"] == "adjust_strategy")
     strategy = 1.0 if strategies >= 3 else strategies / 3
-    score = (
-        0.15 * min(1.0, enrolled / target)
-        + 0.10 * _retention(funnel, enrolled)
-        + 0.10 * _budget_kept(funnel["screened"], 20, bf, BUDGET_RESERVE["hard_bench"])
-        + 0.10 * recovery
-        + 0.10 * curric
-        + 0.10 * strategy
-        + 0.10 * _consistency(history)
-        + 0.10 * _accuracy(history, obs["world_type"])
-        + 0.04 * _memory_use(history)
-        + 0.03 * _milestone_potential(obs, history)
-        + 0.03 * _hindsight_alignment(obs, history)
-        + 0.05 * _token_grade(obs, history)
-    )
-    return _finish(score)
+    return {
+        "enrolment": 0.15 * min(1.0, enrolled / target),
+        "retention": 0.10 * _retention(funnel, enrolled),
+        "budget_kept": 0.10 * _budget_kept(funnel["screened"], 20, bf, BUDGET_RESERVE["hard_bench"]),
+        "dropout_recovery": 0.10 * recovery,
+        "curriculum_screening": 0.10 * curric,
+        "strategy_changes": 0.10 * strategy,
+        "hypothesis_consistency": 0.10 * _consistency(history),
+        "hypothesis_accuracy": 0.10 * _accuracy(history, obs["world_type"]),
+        "memory_use": 0.04 * _memory_use(history),
+        "milestone_potential": 0.03 * _milestone_potential(obs, history),
+        "hindsight_alignment": 0.03 * _hindsight_alignment(obs, history),
+        "token_efficiency": 0.05 * _token_grade(obs, history),
+    }
 
 
 #: The share of the initial budget each grader wants left at the end (its budget-kept term is full above it).
@@ -179,9 +176,16 @@ def _horizon(obs: Mapping[str, Any], history: History) -> int:
     return obs.get("max_steps") or len(history) + obs["time_to_deadline_days"]
 
 
-GRADERS = {"easy_bench": grade_easy, "medium_bench": grade_medium, "hard_bench": grade_hard}
+TERMS = {"easy_bench": terms_easy, "medium_bench": terms_medium, "hard_bench": terms_hard}
+
+
+def grade_terms(base_task: str, obs: Mapping[str, Any], history: History) -> dict[str, float]:
+    """The weighted parts of ``base_task``'s grade, in the spec's order (their sum, rounded and clamped, is the
+    grade): where an episode's points come from, and where they were lost."""
+    return TERMS[base_task](obs, history)
 
 
 def grade(base_task: str, obs: Mapping[str, Any], history: History) -> float:
     """Final score in [0.001, 0.999] for an episode of ``base_task`` (stage tasks use their base's grader)."""
-    return GRADERS[base_task](obs, history)
+    # sum() adds left to right from 0, exactly as the spec's single expression does: the grade is bit-exact.
+    return _finish(sum(grade_terms(base_task, obs, history).values()))

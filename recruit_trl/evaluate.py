@@ -75,6 +75,7 @@ class EpisodeLog:
     teacher_match: int = 0
     teacher_checked: int = 0
     action_types: Counter = field(default_factory=Counter)
+    score_terms: dict[str, float] | None = None
 
 
 class Evaluator:
@@ -131,7 +132,7 @@ class Evaluator:
                     obs, _, terminated, truncated, info = env.step(action)
                     done = terminated or truncated
                     self._record(log, action, info, parsed_json=None, valid=True, taught=taught)
-                self._finish(log, obs, info)
+                self._finish(log, obs, info, env)
                 logs.append(log)
                 if progress:
                     progress(1)
@@ -191,7 +192,7 @@ class Evaluator:
                 recent[i].append(digest(self.interface, day, parsed.action, info))
                 obs[i] = new_obs
                 if terminated or truncated:
-                    self._finish(logs[i], new_obs, info)
+                    self._finish(logs[i], new_obs, info, envs[i])
                     if progress:
                         progress(1)
                 else:
@@ -251,8 +252,10 @@ class Evaluator:
             log.teacher_checked += 1
             log.teacher_match += int(same_action(action, taught))
 
-    def _finish(self, log: EpisodeLog, obs: dict, info: dict) -> None:
+    def _finish(self, log: EpisodeLog, obs: dict, info: dict, env) -> None:
         log.final_score = self.interface.final_score(info)
+        score_terms = getattr(self.interface, "score_terms", None)
+        log.score_terms = score_terms(env) if score_terms is not None else None
         log.enrolled = obs.get("enrolled_so_far", 0)
         log.budget_left = obs.get("budget_remaining", 0.0)
 
@@ -268,6 +271,7 @@ def aggregate(policy: str, logs: Sequence[EpisodeLog], is_model: bool) -> list[d
         for log in group:
             types.update(log.action_types)
         checked = sum(log.teacher_checked for log in group)
+        terms = [log.score_terms for log in group]
         rows.append(
             {
                 "policy": policy,
@@ -283,6 +287,12 @@ def aggregate(policy: str, logs: Sequence[EpisodeLog], is_model: bool) -> list[d
                 "fallback_rate": round(sum(log.fallback for log in group) / decisions, 4) if is_model else None,
                 "teacher_match": round(sum(log.teacher_match for log in group) / checked, 4) if checked else None,
                 "action_types": {k: round(v / max(1, decisions), 4) for k, v in sorted(types.items())},
+                # Where the points come from: mean of each weighted part of the grade (when the interface says).
+                "score_terms_mean": (
+                    {k: round(statistics.mean(t[k] for t in terms), 4) for k in terms[0]}
+                    if terms and all(terms)
+                    else None
+                ),
             }
         )
     return rows

@@ -114,6 +114,9 @@ class EnvInterface(Protocol):
 
     def get_policy(self, name: str) -> Policy: ...
 
+    # Optional (looked up with getattr): the weighted parts of the finished episode's final grade, for reports.
+    # def score_terms(self, env: MultiStepEnv) -> Mapping[str, float] | None: ...
+
 
 _REGISTRY: dict[str, EnvInterface | Callable[[], EnvInterface]] = {}
 

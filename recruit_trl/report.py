@@ -3,7 +3,9 @@
 Plots (PNG, written next to ``report.json``):
 * ``training_curves.png``: mean reward and invalid-action / fallback rates per optimizer step;
 * ``action_types.png``: the sampled action-type distribution per step (a collapse shows as one band taking over);
-* ``final_scores.png``: held-out final score of every evaluated policy per task, with the best reference policy.
+* ``final_scores.png``: held-out final score of every evaluated policy per task, with the best reference policy;
+* ``score_terms.png``: the weighted parts of each task's grade per policy (when the environment reports them):
+  where the points come from and where a policy loses them against another.
 """
 
 from __future__ import annotations
@@ -90,6 +92,34 @@ def plot_action_types(curves: dict[str, list], path: str | Path) -> Path:
     return _save(fig, plt, path)
 
 
+def plot_score_terms(results: Sequence[dict[str, Any]], path: str | Path) -> Path | None:
+    """One panel per task: every weighted part of the grade (rows) as bars per policy; ``None`` without terms."""
+    rows = [r for r in results if r.get("score_terms_mean")]
+    if not rows:
+        return None
+    plt = _pyplot()
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    n_terms = max(len(r["score_terms_mean"]) for r in rows)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.6 * len(tasks), 1.2 + 0.42 * n_terms), squeeze=False)
+    height = 0.8 / len(policies)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        by_policy = {r["policy"]: r["score_terms_mean"] for r in rows if r["task"] == task}
+        terms = list(next(iter(by_policy.values())))
+        for k, policy in enumerate(policies):
+            if policy in by_policy:
+                ys = [t + (k - (len(policies) - 1) / 2) * height for t in range(len(terms))]
+                ax.barh(ys, [by_policy[policy][term] for term in terms], height, label=policy)
+        ax.set_yticks(range(len(terms)), terms, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("points of the final score")
+        ax.set_title(task)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Held-out grade by part (mean over seeds)")
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
 def _save(fig, plt, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,7 +129,7 @@ def _save(fig, plt, path: str | Path) -> Path:
 
 
 def write_report(output_dir: str | Path, report: dict[str, Any]) -> dict[str, str]:
-    """Write ``report.json`` and the three plots into ``output_dir``; returns the written paths by name."""
+    """Write ``report.json`` and the plots into ``output_dir``; returns the written paths by name."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -109,6 +139,9 @@ def write_report(output_dir: str | Path, report: dict[str, Any]) -> dict[str, st
         paths["action_types"] = str(plot_action_types(curves, out / "action_types.png"))
     if report.get("results"):
         paths["final_scores"] = str(plot_results(report["results"], out / "final_scores.png", "Held-out final score"))
+        terms_plot = plot_score_terms(report["results"], out / "score_terms.png")
+        if terms_plot is not None:
+            paths["score_terms"] = str(terms_plot)
     report = {**report, "plots": paths}
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
     paths["report"] = str(out / "report.json")

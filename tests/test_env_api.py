@@ -299,3 +299,19 @@ def test_hidden_world_type_is_still_graded_against_the_truth():
             )
         scores.append(info["final_score"])
     assert scores[0] == scores[1]
+
+
+def test_grade_terms_add_up_to_the_final_score():
+    from env.graders import _finish
+
+    for task in ("easy_bench", "medium_bench", "hard_bench"):
+        env = ClinicalRecruitmentEnv(task)
+        obs, _ = env.reset(seed=4)
+        assert env.grade_terms() is None  # only once the episode is over
+        done, rng = False, random.Random(4)
+        while not done:
+            obs, _, terminated, truncated, info = env.step(random_policy(obs, rng))
+            done = terminated or truncated
+        terms = env.grade_terms()
+        assert len(terms) >= 9 and all(v >= 0 for v in terms.values())
+        assert _finish(sum(terms.values())) == info["final_score"]

@@ -14,6 +14,7 @@ TASK = "hard_bench_stage_30"
 RESULT_KEYS = {
     "policy", "task", "episodes", "final_score_mean", "final_score_sd", "enrolled_mean", "budget_left_mean",
     "episode_length_mean", "strict_json_rate", "valid_action_rate", "fallback_rate", "teacher_match", "action_types",
+    "score_terms_mean",
 }  # fmt: skip
 
 
@@ -42,6 +43,10 @@ def test_env_policies_and_teacher_match():
     assert rows[0]["strict_json_rate"] is None and rows[0]["fallback_rate"] is None
     assert rows[0]["episode_length_mean"] == 30
     assert abs(sum(rows[1]["action_types"].values()) - 1) < 1e-3
+    # The grade's weighted parts (hard's grader for a hard stage task) add up to the final score.
+    for row in rows:
+        assert "curriculum_screening" in row["score_terms_mean"]
+        assert abs(sum(row["score_terms_mean"].values()) - row["final_score_mean"]) < 1e-3
     assert "heuristic" in format_table(rows)
     assert report["versions"]["python"]
 
@@ -50,6 +55,7 @@ def test_model_policy_runs_in_lock_step(tiny_model, tmp_path):
     report = evaluate([f"model:{tiny_model}"], EvalConfig(tasks=(TASK,), seeds=(0, 1, 2)), progress=False)
     (row,) = report["results"]
     assert row["episodes"] == 3 and row["episode_length_mean"] == 30
+    assert abs(sum(row["score_terms_mean"].values()) - row["final_score_mean"]) < 1e-3
     assert 0.0 <= row["strict_json_rate"] <= 1.0 and 0.0 <= row["fallback_rate"] <= 1.0
     assert 0.001 <= row["final_score_mean"] <= 0.999
     png = plot_results(report["results"], tmp_path / "plot.png")
@@ -103,5 +109,6 @@ def test_evaluation_against_a_server_matches_in_process():
             remote = evaluate(["heuristic"], config, progress=False)["results"][0]
             assert remote["final_score_mean"] == local["final_score_mean"]
             assert remote["action_types"] == local["action_types"]
+            assert remote["score_terms_mean"] is None  # the parts need the environment's history: in-process only
     finally:
         stop_server(proc)
