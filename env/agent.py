@@ -214,17 +214,19 @@ class ClinicalInterface:
         productive = any(a["action_type"] in SHAPING for a in out)
         reserve = BUDGET_RESERVE.get(task.base_task, 0.0) * obs["initial_budget"]
         lean = budget - min(task.screening_cost, task.recontact_cost, task.enrollment_cost) < reserve
-        phase = obs["current_plan"].get("target_phase") or "screening"
-        targets = dict.fromkeys(("screening", "recovery", phase))
-        plans = [act("plan_next_phase", target_phase=target) for target in targets]
+
+        def plans() -> list[dict[str, Any]]:
+            phase = obs["current_plan"].get("target_phase") or "screening"
+            return [act("plan_next_phase", target_phase=t) for t in dict.fromkeys(("screening", "recovery", phase))]
+
         if hold or not productive or lean:
             free = []
             if obs["indexed_memory_summary"]["entries"]:
                 free.append(act("retrieve_relevant_history", memory_query=MEMORY_KEY))
             free.append(act("summarize_and_index", memory_key=MEMORY_KEY))
-            out = free + plans + out
+            out = free + plans() + out
         elif not str(obs["current_plan"].get("plan_id", "")).startswith("plan-"):
-            out = plans + out  # no plan of the agent's own (none, or the environment's autoplan): offer to make one
+            out = plans() + out  # no plan of the agent's own (none, or the environment's autoplan): offer to make one
         if obs["time_to_deadline_days"] <= STOP_WINDOW:  # stopping early is never worth it before the endgame
             progress = obs["enrolled_so_far"] / max(1, obs["target_enrollment"])
             out.append(act("stop_recruitment", confidence=round(min(1.0, progress), 3)))
