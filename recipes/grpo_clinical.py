@@ -15,8 +15,9 @@ Top to bottom:
 3. The policy model: ``tiny`` (a warm tiny Qwen3 built locally and cached), ``smollm2`` (from its wheel), or
    any local folder / cached hub id; LoRA by default, 4-bit QLoRA with ``--load_in_4bit`` (GPU).
 4. Warm start (``--warm_start auto``): the SFT recipe imitates ``--teacher`` (cached in ``<output_dir>/sft``);
-   RL continues from that adapter, or trains a fresh adapter on the SFT model when the warm start fine-tuned
-   every weight (``--sft_full_finetune``, the tiny model's default).
+   RL continues from that adapter, or, when the warm start fine-tuned every weight (``--sft_full_finetune``,
+   the tiny model's default), trains every weight too (``--rl_full_finetune``, the tiny model's default) or a
+   fresh adapter on it.
 5. Anchors: states on tasks x seeds x days, reached by replaying ``--anchor_policy`` (an environment policy) or
    recorded once from the model RL starts from (``--anchor_policy student``: on-policy states); the prompt column
    carries the anchor. Rollouts (``--mode branch|window``; ``--continuation_seeds`` continuations per distinct
@@ -40,6 +41,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
 from accelerate import PartialState  # noqa: E402
+from peft import PeftModel  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config, get_quantization_config  # noqa: E402
 
@@ -93,8 +95,10 @@ def main(
         # A trainable SFT adapter, and no second peft_config (see shared TRL facts).
         model = load_trainable(model_path, script_args.sft_adapter, training_args.model_init_kwargs)
         peft_config = None
-    elif script_args.sft_adapter:  # a fully fine-tuned SFT model: RL trains a fresh adapter (--use_peft) on it
+    elif script_args.sft_adapter:  # a fully fine-tuned SFT model: RL trains every weight, or a fresh adapter on it
         model = script_args.sft_adapter
+        if rl_full_finetune(script_args, model_args, model_path):
+            peft_config = None
 
     # 4. Anchors (states the samples start from; on-policy ones are recorded by one process, read by the others),
     # rollouts, rewards and training.
@@ -158,9 +162,19 @@ def run_warm_start(script_args, training_args, model_args, model_path: str) -> s
 def sft_full_finetune(script_args, model_args, model_path: str) -> bool:
     """Whether the warm start fine-tunes every weight: ``--sft_full_finetune auto`` does for a tiny model built
     here (``recruit_trl.models.METADATA_FILE`` in its folder) and without ``--use_peft``."""
-    choice = str(script_args.sft_full_finetune).lower()
+    return _full_finetune("sft_full_finetune", script_args.sft_full_finetune, model_args, model_path)
+
+
+def rl_full_finetune(script_args, model_args, model_path: str) -> bool:
+    """Whether RL on a fully fine-tuned warm start trains every weight rather than a fresh LoRA adapter:
+    ``--rl_full_finetune auto`` does for a tiny model built here and without ``--use_peft``."""
+    return _full_finetune("rl_full_finetune", script_args.rl_full_finetune, model_args, model_path)
+
+
+def _full_finetune(flag: str, choice: str, model_args, model_path: str) -> bool:
+    choice = str(choice).lower()
     if choice not in ("auto", "true", "false"):
-        raise ValueError(f"--sft_full_finetune must be auto, true or false, not {script_args.sft_full_finetune!r}")
+        raise ValueError(f"--{flag} must be auto, true or false, not {choice!r}")
     if choice == "auto":
         return Path(model_path, METADATA_FILE).is_file() or not model_args.use_peft
     return choice == "true"
@@ -211,6 +225,7 @@ def report_run(script_args, training_args, model_args, trainer, model_path: str,
         "config": {
             "script": {k: v for k, v in vars(script_args).items()},
             "sft_full_finetune_resolved": sft_full_finetune(script_args, model_args, model_path),
+            "rl_full_finetune_resolved": not isinstance(trainer.model, PeftModel),  # what RL really trained
             "grpo": {
                 k: getattr(training_args, k)
                 for k in (

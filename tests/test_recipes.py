@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import load_from_disk
+from transformers import AutoModelForCausalLM
 
 import env.agent  # noqa: F401
 
@@ -115,7 +116,7 @@ def test_grpo_recipe_under_accelerate_launch_with_two_cpu_processes(warm_model, 
 
 
 def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
-    """Warm start (SFT, every weight of the tiny model) -> GRPO (a fresh LoRA on it) -> held-out report with plots,
+    """Warm start (SFT, every weight of the tiny model) -> GRPO (every weight too) -> held-out report with plots,
     then a re-run that redoes nothing."""
     recipe = load("grpo_clinical")
     flags = [
@@ -128,8 +129,7 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     recipe.main(*recipe.parse_args(flags))
     sft_dir = tmp_path / "sft"  # --sft_full_finetune auto: a tiny model built here is fully fine-tuned
     assert (sft_dir / "model.safetensors").is_file() and not (sft_dir / "adapter_config.json").exists()
-    adapter = json.loads((tmp_path / "adapter_config.json").read_text())
-    assert Path(adapter["base_model_name_or_path"]).resolve() == sft_dir.resolve()
+    assert (tmp_path / "model.safetensors").is_file() and not (tmp_path / "adapter_config.json").exists()
     report = json.loads((tmp_path / "report.json").read_text())
     models = {"base", "sft", "grpo"}
     assert {r["policy"] for r in report["results"]} == {*models, *(f"{m}-sampled" for m in models), "heuristic"}
@@ -137,6 +137,7 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     assert (sampled["temperature"], sampled["top_p"]) == (1.0, 0.8) and sampled["config"]["temperature"] == 1.0
     assert report["sft"]["valid_action_rate"] is not None
     assert report["config"]["sft_full_finetune_resolved"] is True  # "auto", resolved for a tiny model built here
+    assert report["config"]["rl_full_finetune_resolved"] is True
     assert len(report["training"]["curves"]["step"]) == 2
     for name in ("training_curves.png", "action_types.png", "final_scores.png", "score_terms.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
@@ -161,6 +162,28 @@ def test_warm_start_with_a_lora_adapter_continues_that_adapter(warm_model, tmp_p
     assert [n for n, _ in trainer.model.named_parameters() if "lora_B" in n]
     with pytest.raises(ValueError, match="sft_full_finetune"):
         recipe.main(*recipe.parse_args([*flags, "--sft_full_finetune", "maybe"]))
+
+
+@pytest.mark.parametrize("choice", ["auto", "false"])
+def test_rl_on_a_fully_fine_tuned_start_trains_every_weight_or_a_fresh_adapter(warm_model, tmp_path, choice):
+    recipe = load("grpo_clinical")
+    flags = [
+        "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", *SMALL,
+        "--tasks", "hard_bench_stage_30", "--sft_adapter", warm_model, "--rl_full_finetune", choice,
+    ]  # fmt: skip
+    before = {n: p.detach().clone() for n, p in AutoModelForCausalLM.from_pretrained(warm_model).named_parameters()}
+    trainer = recipe.main(*recipe.parse_args(flags))
+    if choice == "auto":  # the tiny model built here: every weight trains, and the saved model is a whole one
+        assert (tmp_path / "model.safetensors").is_file() and not (tmp_path / "adapter_config.json").exists()
+        after = dict(trainer.model.named_parameters())
+        assert sum(not torch.equal(before[n], after[n].detach().cpu()) for n in before) > len(before) // 2
+    else:
+        adapter = json.loads((tmp_path / "adapter_config.json").read_text())
+        assert adapter["base_model_name_or_path"] == warm_model
+        trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+        assert trainable and all("lora_" in n for n in trainable)
+    with pytest.raises(ValueError, match="rl_full_finetune"):
+        recipe.main(*recipe.parse_args([*flags, "--rl_full_finetune", "maybe"]))
 
 
 def test_grpo_recipe_with_on_policy_anchors_records_them_once(warm_model, tmp_path):
