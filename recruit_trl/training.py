@@ -143,6 +143,9 @@ class ScriptArguments(RolloutConfig):
         super().__post_init__()
         if "teacher_match_reward" in self.reward_funcs and not self.reward_teacher:
             raise ValueError("--reward_funcs teacher_match_reward needs --reward_teacher (e.g. grader_heuristic)")
+        for flag in ("sft_full_finetune", "rl_full_finetune"):
+            if str(getattr(self, flag)).lower() not in ("auto", "true", "false"):
+                raise ValueError(f"--{flag} must be auto, true or false, not {getattr(self, flag)!r}")
 
 
 def tiny_corpus_fn(interface: EnvInterface, tasks, episodes_per_task: int, contract: str, recent_k: int):

@@ -204,3 +204,12 @@ def test_teacher_match_reward_needs_a_teacher():
     with pytest.raises(ValueError, match="--reward_teacher"):
         ScriptArguments(reward_funcs=["final_score_reward", "teacher_match_reward"])
     assert ScriptArguments(reward_funcs=["teacher_match_reward"], reward_teacher="expert").reward_teacher == "expert"
+
+
+@pytest.mark.parametrize("flag", ["sft_full_finetune", "rl_full_finetune"])
+def test_full_finetune_choices_are_checked_at_start_up(flag):
+    from recruit_trl.training import ScriptArguments
+
+    with pytest.raises(ValueError, match=f"--{flag} must be auto, true or false"):
+        ScriptArguments(**{flag: "maybe"})
+    assert getattr(ScriptArguments(**{flag: "False"}), flag) == "False"  # case-insensitive, as resolved later
