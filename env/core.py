@@ -435,12 +435,14 @@ class ClinicalRecruitmentEnv:
         s = self._require_state()
         if not s.done:
             return None
-        obs = self._observation()
-        return grade_terms(self.task.base_task, {**obs, "world_type": self.task.world_type}, s.history)
+        return grade_terms(self.task.base_task, self._graded(self._observation()), s.history)
 
     def _grade(self, obs: Observation) -> float:
+        return grade(self.task.base_task, self._graded(obs), self.s.history)
+
+    def _graded(self, obs: Observation) -> Observation:
         # The grader scores hypotheses against the true world type, even when the observation hides it.
-        return grade(self.task.base_task, {**obs, "world_type": self.task.world_type}, self.s.history)
+        return {**obs, "world_type": self.task.world_type}
 
     # ------------------------------------------------------------------ internals
     def _set_task(self, task_id: str) -> None:

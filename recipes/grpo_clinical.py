@@ -162,19 +162,17 @@ def run_warm_start(script_args, training_args, model_args, model_path: str) -> s
 def sft_full_finetune(script_args, model_args, model_path: str) -> bool:
     """Whether the warm start fine-tunes every weight: ``--sft_full_finetune auto`` does for a tiny model built
     here (``recruit_trl.models.METADATA_FILE`` in its folder) and without ``--use_peft``."""
-    return _full_finetune("sft_full_finetune", script_args.sft_full_finetune, model_args, model_path)
+    return _full_finetune(script_args.sft_full_finetune, model_args, model_path)
 
 
 def rl_full_finetune(script_args, model_args, model_path: str) -> bool:
     """Whether RL on a fully fine-tuned warm start trains every weight rather than a fresh LoRA adapter:
     ``--rl_full_finetune auto`` does for a tiny model built here and without ``--use_peft``."""
-    return _full_finetune("rl_full_finetune", script_args.rl_full_finetune, model_args, model_path)
+    return _full_finetune(script_args.rl_full_finetune, model_args, model_path)
 
 
-def _full_finetune(flag: str, choice: str, model_args, model_path: str) -> bool:
-    choice = str(choice).lower()
-    if choice not in ("auto", "true", "false"):
-        raise ValueError(f"--{flag} must be auto, true or false, not {choice!r}")
+def _full_finetune(choice: str, model_args, model_path: str) -> bool:
+    choice = str(choice).lower()  # one of auto / true / false: ScriptArguments checks it at start-up
     if choice == "auto":
         return Path(model_path, METADATA_FILE).is_file() or not model_args.use_peft
     return choice == "true"
