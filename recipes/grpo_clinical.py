@@ -21,8 +21,9 @@ Top to bottom:
 5. Anchors: states on tasks x seeds x days, reached by replaying ``--anchor_policy`` (an environment policy) or
    recorded once from the model RL starts from (``--anchor_policy student``: on-policy states); the prompt column
    carries the anchor. Rollouts (``--mode branch|window``; ``--continuation_seeds`` continuations per distinct
-   action) and rewards (``--reward_funcs`` x ``--reward_weights``), then ``trainer.train()`` (resumes from the
-   last checkpoint); the adapter is saved to ``--output_dir``.
+   action, the first ``--self_horizon`` days of each played by the policy itself) and rewards (``--reward_funcs``
+   x ``--reward_weights``), then ``trainer.train()`` (resumes from the last checkpoint); the adapter is saved to
+   ``--output_dir``.
 6. Report (``--report``): the base, SFT and RL models and ``--eval_baselines`` on held-out ``--eval_seeds``
    (models greedy, and sampled at ``--eval_temperature`` / ``--eval_top_p``: rows ``<model>-sampled``);
    ``report.json``, PNG plots and a one-screen summary in ``--output_dir``.
@@ -97,6 +98,8 @@ def main(
         peft_config = None
     elif script_args.sft_adapter:  # a fully fine-tuned SFT model: RL trains every weight, or a fresh adapter on it
         model = script_args.sft_adapter
+        if Path(model, "tokenizer_config.json").is_file():  # its own tokenizer: the base may be another tiny build
+            tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
         if rl_full_finetune(script_args, model_args, model_path):
             peft_config = None
 

@@ -8,7 +8,9 @@ every simulated day from (anchor, optimizer step, rollout seed, continuation, da
 faces the same randomness on the same day, even after actions that drew different amounts of it and even when
 TRL splits the group across processes (common random numbers: the comparison inside a group is fair and nothing
 is clairvoyant across groups). The outcome is therefore a function of (anchor, step, action): rows of a group
-that sampled the same action share one computation.
+that sampled the same action share one computation. With ``self_horizon`` D > 0 the policy itself (greedy) plays
+the first D days after the sampled action, every branch in its own environment and all of them in lock-step, before
+the continuation policy takes over: a continuation policy forgives what the policy would leave undone.
 
 ``window`` mode. ``turns`` consecutive decisions from an anchor form one multi-turn completion: model
 tokens (mask 1) alternate with the environment's reply rendered as the next user turn (``env_mask`` 0).
@@ -71,6 +73,12 @@ class RolloutConfig:
         metadata={"help": "Branch mode: continuations per distinct sampled action, each with its own randomness, "
                   "averaged (a single action moves the final grade by less than one continuation's noise)."},
     )  # fmt: skip
+    self_horizon: int = field(
+        default=0,
+        metadata={"help": "Branch mode: days the policy itself plays (greedy, all branches in lock-step) after the "
+                  "sampled action, before the continuation policy plays the rest of the horizon. The continuation "
+                  "policy forgives what the policy would leave undone; these days charge for it (0: off)."},
+    )  # fmt: skip
     reward_teacher: str = field(
         default="",
         metadata={"help": "Policy (registered by the environment) whose action in the same state each decision is "
@@ -94,6 +102,10 @@ class RolloutConfig:
             raise ValueError(f"contract must be one of {CONTRACTS}, got {self.contract!r}")
         if self.horizon < 0 or self.window_turns < 1 or self.recent_k < 0 or self.continuation_seeds < 1:
             raise ValueError("horizon and recent_k must be >= 0, window_turns and continuation_seeds >= 1")
+        if not 0 <= self.self_horizon <= self.horizon:
+            raise ValueError(f"self_horizon must be in [0, horizon={self.horizon}], got {self.self_horizon}")
+        if self.self_horizon and self.mode != "branch":
+            raise ValueError("self_horizon applies to branch mode only")
 
     @property
     def template_kwargs(self) -> dict:
@@ -260,6 +272,10 @@ class BranchRollout(_RolloutBase):
     ``trainer=None`` and explicit ``model``/``tokenizer``/``generation_config`` (tests, benchmarks).
     """
 
+    def __init__(self, config: RolloutConfig | None = None, interface: EnvInterface | None = None) -> None:
+        super().__init__(config, interface)
+        self._branch_envs: dict[str, list] = {}  # task -> environments for branches played side by side
+
     def __call__(self, prompts: list, trainer=None, *, model=None, tokenizer=None, generation_config=None, step=None):
         start = time.perf_counter()
         tokenizer, step, anchors = self._begin(prompts, trainer, tokenizer, step)
@@ -271,13 +287,16 @@ class BranchRollout(_RolloutBase):
 
         completion_ids, logprobs = self._generate(trainer, model, tokenizer, generation_config, prompt_ids)
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        parsed = [
+            parse_action(text, self.config.contract, self.interface, state.obs, cands)
+            for state, cands, text in zip(states, candidates, texts, strict=True)
+        ]
 
-        rows = []
         self._outcomes: dict[tuple[str, str], dict[str, Any]] = {}  # (anchor, action) -> outcome, this call only
         self._taught: dict[str, Action | None] = {}  # anchor -> the teacher's action, this call only
-        for anchor, state, cands, text in zip(anchors, states, candidates, texts, strict=True):
-            parsed = parse_action(text, self.config.contract, self.interface, state.obs, cands)
-            rows.append(self._score(anchor, state, parsed, step))
+        if self.config.self_horizon:
+            self._self_continued(trainer, model, tokenizer, anchors, states, parsed, step)
+        rows = [self._score(a, s, p, step) for a, s, p in zip(anchors, states, parsed, strict=True)]
         out: dict[str, Any] = {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
         out.update(self._extra_fields(rows))
         gen_tokens = sum(len(c) for c in completion_ids)
@@ -293,42 +312,125 @@ class BranchRollout(_RolloutBase):
         if getattr(trainer, "use_vllm", False):
             raise NotImplementedError("recruit_trl rollouts generate with transformers; set use_vllm=False.")
         with policy_for_generation(trainer) as policy:
-            return sample(policy, tokenizer, prompt_ids, trainer.generation_config, n_tokens, chunk)
+            return sample(
+                policy, tokenizer, prompt_ids, generation_config or trainer.generation_config, n_tokens, chunk
+            )
+
+    @staticmethod
+    def _key(anchor: Anchor, action: Action) -> tuple[str, str]:
+        return anchor.key(), json.dumps(action, sort_keys=True, default=str)
+
+    def _continuation_seeds(self, anchor: Anchor, step: int) -> list[int]:
+        """The seeds of the ``continuation_seeds`` continuations, shared by every row of the anchor's group."""
+        base = group_seed(anchor, step, self.config.rollout_seed)
+        return [(base + k * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF for k in range(self.config.continuation_seeds)]
+
+    def _branch(self, anchor: Anchor, state: AnchorState, action: Action, seed: int, env=None) -> _Branch:
+        """Restore the anchor (into ``env``, default the pooled one), play ``action`` on simulated day 0."""
+        if env is None:
+            env = self.scorer.start(anchor, state, seed)
+        else:
+            env.restore(state.snapshot)
+            env.reseed(day_seed(seed, 0))
+        applied, (obs, reward, terminated, truncated, info) = self.scorer.apply(
+            env, state.obs, ParsedAction(action, True)
+        )
+        branch = _Branch(env, obs, seed, {name: 0.0 for name in self.interface.reward_fields}, info)
+        _add(branch.totals, self.interface.step_components(state.obs, applied.action, obs, reward, info))
+        branch.applied, branch.error, branch.done = applied, info.get("last_action_error"), terminated or truncated
+        branch.recent = last(
+            [*state.recent, digest(self.interface, state.day, applied.action, info)], self.config.recent_k
+        )
+        branch.day = state.day + 1
+        return branch
+
+    def _finish(self, branch: _Branch, first_day: int) -> None:
+        """The continuation policy plays the rest of the horizon from simulated day ``first_day``."""
+        days = self.config.horizon - (first_day - 1)
+        if not branch.done and days > 0:
+            played, last_info = self.scorer.continue_(
+                branch.env, branch.obs, branch.totals, branch.seed, days, first_day
+            )
+            branch.played += played
+            branch.info = last_info or branch.info
+
+    def _average(self, branches: list[_Branch]) -> dict[str, Any]:
+        """One outcome from a distinct action's continuations: reward components, final score and scored steps
+        averaged; the action's error and the fallback that replaced a rejected action from the first (the
+        action's effect does not depend on the seed)."""
+        n = len(branches)
+        scores = [self.interface.final_score(b.info) for b in branches]
+        out: dict[str, Any] = {
+            name: sum(b.totals[name] for b in branches) / n for name in self.interface.reward_fields
+        }
+        out["final_score"] = None if None in scores else sum(scores) / n
+        out["action_error"] = branches[0].error
+        out["scored_steps"] = sum(b.played for b in branches) / n
+        out["rejected"] = None if branches[0].applied.valid else branches[0].applied
+        return out
 
     def _outcome(self, anchor: Anchor, state: AnchorState, action: Action, step: int) -> dict[str, Any]:
-        """What ``action`` at the anchor leads to, averaged over ``continuation_seeds`` continuations: the reward
-        components, the final score, the action's error, the scored steps, and the fallback that replaced the
-        action when the environment rejected it (else ``None``)."""
-        base = group_seed(anchor, step, self.config.rollout_seed)
-        n = self.config.continuation_seeds
-        totals = {name: 0.0 for name in self.interface.reward_fields}
-        scores, scored = [], 0
-        applied, error = None, None  # from the first continuation: the action's effect does not depend on the seed
-        for k in range(n):
-            seed = (base + k * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-            env = self.scorer.start(anchor, state, seed)
-            applied_k, (obs, reward, terminated, truncated, info) = self.scorer.apply(
-                env, state.obs, ParsedAction(action, True)
-            )
-            _add(totals, self.interface.step_components(state.obs, applied_k.action, obs, reward, info))
-            if k == 0:
-                applied, error = applied_k, info.get("last_action_error")
-            scored += 1
-            if not (terminated or truncated):
-                played, last_info = self.scorer.continue_(env, obs, totals, seed, self.config.horizon)
-                scored += played
-                info = last_info or info
-            scores.append(self.interface.final_score(info))
-        out: dict[str, Any] = {name: value / n for name, value in totals.items()}
-        out["final_score"] = None if None in scores else sum(scores) / n
-        out["action_error"] = error
-        out["scored_steps"] = scored / n
-        out["rejected"] = None if applied.valid else applied
-        return out
+        """What ``action`` at the anchor leads to, averaged over ``continuation_seeds`` continuations."""
+        branches = []
+        for seed in self._continuation_seeds(anchor, step):
+            branch = self._branch(anchor, state, action, seed)
+            self._finish(branch, first_day=1)
+            branches.append(branch)
+        return self._average(branches)
+
+    def _self_continued(self, trainer, model, tokenizer, anchors, states, parsed, step) -> None:
+        """Outcomes of every distinct (anchor, action) of the call when the policy itself plays the first
+        ``self_horizon`` days after the action: greedy, every branch in lock-step (one generate() per day), each
+        in its own environment; then the continuation policy plays the rest of the horizon."""
+        from transformers import GenerationConfig
+
+        jobs: list[tuple[tuple[str, str], _Branch]] = []
+        seen: set[tuple[str, str]] = set()
+        used: Counter = Counter()  # task -> pooled environments taken by this call
+        for anchor, state, p in zip(anchors, states, parsed, strict=True):
+            key = self._key(anchor, p.action)
+            if key in seen:
+                continue
+            seen.add(key)
+            for seed in self._continuation_seeds(anchor, step):
+                pool = self._branch_envs.setdefault(anchor.task, [])
+                if used[anchor.task] == len(pool):
+                    pool.append(self.interface.make_env(anchor.task))
+                env = pool[used[anchor.task]]
+                used[anchor.task] += 1
+                jobs.append((key, self._branch(anchor, state, p.action, seed, env)))
+        greedy = GenerationConfig(do_sample=False, temperature=None, top_p=None, top_k=None)
+        for day in range(1, self.config.self_horizon + 1):
+            active = [b for _, b in jobs if not b.done]
+            if not active:
+                break
+            candidates = [self.interface.candidate_actions(b.obs) for b in active]
+            prompts = [
+                self.encode_messages(
+                    tokenizer, build_messages(self.interface, b.obs, b.recent, self.config.contract, c)
+                )
+                for b, c in zip(active, candidates, strict=True)
+            ]
+            ids, _ = self._generate(trainer, model, tokenizer, greedy, prompts)
+            for b, c, text in zip(
+                active, candidates, tokenizer.batch_decode(ids, skip_special_tokens=True), strict=True
+            ):
+                choice = parse_action(text, self.config.contract, self.interface, b.obs, c)
+                b.env.reseed(day_seed(b.seed, day))
+                choice, (obs, reward, terminated, truncated, info) = self.scorer.apply(b.env, b.obs, choice)
+                _add(b.totals, self.interface.step_components(b.obs, choice.action, obs, reward, info))
+                b.recent = last([*b.recent, digest(self.interface, b.day, choice.action, info)], self.config.recent_k)
+                b.obs, b.info, b.done, b.day, b.played = obs, info, terminated or truncated, b.day + 1, b.played + 1
+        by_key: dict[tuple[str, str], list[_Branch]] = {}
+        for key, branch in jobs:
+            self._finish(branch, first_day=self.config.self_horizon + 1)
+            by_key.setdefault(key, []).append(branch)
+        for key, branches in by_key.items():
+            self._outcomes[key] = self._average(branches)
 
     def _score(self, anchor: Anchor, state: AnchorState, parsed: ParsedAction, step: int) -> dict[str, Any]:
         """One row: the (possibly shared) outcome of the parsed action plus what is particular to the row."""
-        key = (anchor.key(), json.dumps(parsed.action, sort_keys=True, default=str))
+        key = self._key(anchor, parsed.action)
         outcome = self._outcomes.get(key)
         if outcome is None:
             outcome = self._outcomes[key] = self._outcome(anchor, state, parsed.action, step)
@@ -347,6 +449,23 @@ class BranchRollout(_RolloutBase):
                 self._taught[anchor.key()] = self.teacher_action(env, state.obs, seed)
             row["teacher_match"] = float(parsed.valid and same_action(parsed.action, self._taught[anchor.key()]))
         return row
+
+
+@dataclass
+class _Branch:
+    """One continuation of a sampled action in its own environment (see ``BranchRollout``)."""
+
+    env: Any
+    obs: dict
+    seed: int
+    totals: dict[str, float]
+    info: dict
+    applied: ParsedAction | None = None
+    error: str | None = None
+    done: bool = False
+    played: int = 1
+    recent: list[str] = field(default_factory=list)
+    day: int = 0
 
 
 class WindowRollout(_RolloutBase):

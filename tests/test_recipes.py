@@ -167,19 +167,23 @@ def test_warm_start_with_a_lora_adapter_continues_that_adapter(warm_model, tmp_p
 @pytest.mark.parametrize("choice", ["auto", "false"])
 def test_rl_on_a_fully_fine_tuned_start_trains_every_weight_or_a_fresh_adapter(warm_model, tmp_path, choice):
     recipe = load("grpo_clinical")
+    # A fully fine-tuned warm start, with its own tokenizer.
+    sft, out = shutil.copytree(warm_model, tmp_path / "sft"), tmp_path / "rl"
     flags = [
-        "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", *SMALL,
-        "--tasks", "hard_bench_stage_30", "--sft_adapter", warm_model, "--rl_full_finetune", choice,
+        "--model_name_or_path", warm_model, "--output_dir", str(out), "--max_steps", "1", *SMALL,
+        "--tasks", "hard_bench_stage_30", "--sft_adapter", str(sft), "--rl_full_finetune", choice,
     ]  # fmt: skip
     before = {n: p.detach().clone() for n, p in AutoModelForCausalLM.from_pretrained(warm_model).named_parameters()}
     trainer = recipe.main(*recipe.parse_args(flags))
+    # RL reads text with the warm start's tokenizer (the base may be another tiny build, with another vocabulary).
+    assert trainer.processing_class.name_or_path == str(sft)
     if choice == "auto":  # the tiny model built here: every weight trains, and the saved model is a whole one
-        assert (tmp_path / "model.safetensors").is_file() and not (tmp_path / "adapter_config.json").exists()
+        assert (out / "model.safetensors").is_file() and not (out / "adapter_config.json").exists()
         after = dict(trainer.model.named_parameters())
         assert sum(not torch.equal(before[n], after[n].detach().cpu()) for n in before) > len(before) // 2
     else:
-        adapter = json.loads((tmp_path / "adapter_config.json").read_text())
-        assert adapter["base_model_name_or_path"] == warm_model
+        adapter = json.loads((out / "adapter_config.json").read_text())
+        assert adapter["base_model_name_or_path"] == str(sft)
         trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
         assert trainable and all("lora_" in n for n in trainable)
     with pytest.raises(ValueError, match="rl_full_finetune"):

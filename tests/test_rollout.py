@@ -6,6 +6,8 @@ exactly; the real model path is covered by the recipe smoke tests.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 import env.agent  # noqa: F401
@@ -167,6 +169,47 @@ def test_continuations_reseed_the_environment_every_simulated_day(tokenizer, mon
     # Day d of a continuation draws from its own stream: a different action earlier does not shift later days.
     assert seeds[:5] == [day_seed(first, d) for d in range(5)]
     assert len(seeds) == 10 and out["scored_steps"] == [5, 5]
+
+
+def test_self_horizon_lets_the_policy_play_its_own_days_before_the_continuation(tokenizer, monkeypatch):
+    from recruit_trl.rollout import day_seed
+
+    texts = ['{"action_index": 0}', '{"action_index": 0}', '{"action_index": 1}', '{"action_index": 1}']
+    horizon, own = 6, 3
+    rollout = BranchRollout(RolloutConfig(horizon=horizon, self_horizon=own, continuation_seeds=2))
+    out, sampler = run(rollout, tokenizer, monkeypatch, texts)
+    # One generate() for the sampled actions, then one per own day for every branch in lock-step:
+    # 2 anchors x 2 distinct actions x 2 continuations.
+    assert [len(c) for c in sampler.calls] == [8, 8, 8, 8]
+    assert out["scored_steps"] == [1.0 + horizon] * 8
+    assert out["env_return"][0] == out["env_return"][1] != out["env_return"][2]
+
+    # The first row's outcome replayed by hand: its action on day 0, the policy's answers (candidate 0) on its own
+    # days, then the continuation policy, each day re-seeded; averaged over the two continuations.
+    anchor, state = ANCHORS[0], rollout.cache.get(ANCHORS[0])
+    policy = INTERFACE.get_policy("grader_heuristic")
+    returns = []
+    for seed in rollout._continuation_seeds(anchor, 0):
+        env = INTERFACE.make_env(anchor.task)
+        env.restore(state.snapshot)
+        obs, total, rng = state.obs, 0.0, random.Random(seed)
+        for day in range(1 + horizon):
+            env.reseed(day_seed(seed, day))
+            action = INTERFACE.candidate_actions(obs)[0] if day <= own else policy(obs, rng)
+            obs, reward, *_ = env.step(action)
+            total += reward
+        returns.append(total)
+    assert out["env_return"][0] == pytest.approx(sum(returns) / 2)
+    # Without own days the continuation policy plays them instead: a different outcome.
+    plain = run(BranchRollout(RolloutConfig(horizon=horizon, continuation_seeds=2)), tokenizer, monkeypatch, texts)[0]
+    assert plain["env_return"][0] != out["env_return"][0]
+
+
+def test_self_horizon_is_checked():
+    with pytest.raises(ValueError, match="self_horizon"):
+        RolloutConfig(horizon=5, self_horizon=6)
+    with pytest.raises(ValueError, match="self_horizon"):
+        RolloutConfig(mode="window", self_horizon=2)
 
 
 def test_teacher_match_compares_each_row_with_the_teacher_in_the_same_state(tokenizer, monkeypatch):
