@@ -207,6 +207,17 @@ class _RolloutBase:
         step = step if step is not None else (trainer.state.global_step if trainer is not None else 0)
         return tokenizer, step, [anchor_from_prompt(p) for p in prompts]
 
+    def _states(self, anchors: list[Anchor]) -> list[AnchorState]:
+        """The anchors' states; an anchor whose prefix already ended its episode has nothing left to decide."""
+        states = [self.cache.get(a) for a in anchors]
+        ended = sorted({a.key() for a, s in zip(anchors, states, strict=True) if s.done})
+        if ended:
+            raise ValueError(
+                f"{len(ended)} anchor(s) start after the end of their episode (first: {ended[0]}); build the dataset "
+                "with recruit_trl.anchors.build_anchors, which leaves them out, or use earlier days"
+            )
+        return states
+
     def teacher_action(self, env, obs: dict, seed: int) -> Action | None:
         """The teacher's action in ``env``'s current state (``obs``); a planner reads ``env`` but never steps it."""
         if self.teacher is None:
@@ -280,7 +291,7 @@ class BranchRollout(_RolloutBase):
         start = time.perf_counter()
         tokenizer, step, anchors = self._begin(prompts, trainer, tokenizer, step)
         t0 = time.perf_counter()
-        states = [self.cache.get(a) for a in anchors]
+        states = self._states(anchors)
         candidates = [self.interface.candidate_actions(s.obs) for s in states]
         self.scorer.env_seconds += time.perf_counter() - t0
         prompt_ids = [self.prompt_for(tokenizer, a, s, c) for a, s, c in zip(anchors, states, candidates, strict=True)]
@@ -478,7 +489,7 @@ class WindowRollout(_RolloutBase):
     def __call__(self, prompts: list, trainer=None, *, model=None, tokenizer=None, generation_config=None, step=None):
         start = time.perf_counter()
         tokenizer, step, anchors = self._begin(prompts, trainer, tokenizer, step)
-        states = [self.cache.get(a) for a in anchors]
+        states = self._states(anchors)
         n = len(anchors)
         seeds = [group_seed(a, step, self.config.rollout_seed) for a in anchors]
         envs = [self.interface.make_env(a.task) for a in anchors]

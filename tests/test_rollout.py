@@ -123,6 +123,14 @@ def test_make_rollout_and_config_validation():
         RolloutConfig(contract="yaml")
 
 
+@pytest.mark.parametrize("mode", ["branch", "window"])
+def test_an_anchor_after_the_end_of_its_episode_is_a_clear_error(tokenizer, mode):
+    rollout = make_rollout(RolloutConfig(mode=mode, horizon=2))
+    ended = Anchor("easy_bench", 101, 400)  # episodes last 180 days
+    with pytest.raises(ValueError, match="after the end of their episode"):
+        rollout([ended.key()] * 2, None, model=object(), tokenizer=tokenizer, generation_config=None, step=0)
+
+
 def test_metrics_are_logged_through_the_trainer(tokenizer):
     logged = {}
 
