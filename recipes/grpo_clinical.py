@@ -74,11 +74,10 @@ def main(
     # 1. Environment.
     interface = get_env_interface(script_args.env)
 
-    # 2. Policy model (a local folder) and tokenizer.
+    # 2. Policy model (a local folder).
     t0 = time.perf_counter()
     model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
     timings["base_model"] = time.perf_counter() - t0
-    tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
     training_args.model_init_kwargs = {
         "dtype": model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype),
         "attn_implementation": model_args.attn_implementation,
@@ -91,6 +90,7 @@ def main(
         script_args.sft_adapter = run_warm_start(script_args, training_args, model_args, model_path)
         timings["sft"] = time.perf_counter() - t0
     model: object = model_path
+    tokenizer_path = model_path
     peft_config = get_peft_config(model_args)
     if script_args.sft_adapter and is_adapter(script_args.sft_adapter):
         # A trainable SFT adapter, and no second peft_config (see shared TRL facts).
@@ -99,9 +99,11 @@ def main(
     elif script_args.sft_adapter:  # a fully fine-tuned SFT model: RL trains every weight, or a fresh adapter on it
         model = script_args.sft_adapter
         if Path(model, "tokenizer_config.json").is_file():  # its own tokenizer: the base may be another tiny build
-            tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
+            tokenizer_path = model
         if rl_full_finetune(script_args, model_args, model_path):
             peft_config = None
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, padding_side="left")
 
     # 4. Anchors (states the samples start from; on-policy ones are recorded by one process, read by the others),
     # rollouts, rewards and training.

@@ -143,9 +143,9 @@ class _Scorer:
         self.env_seconds = 0.0
         self.env_steps = 0
 
-    def start(self, anchor: Anchor, state: AnchorState, seed: int):
-        """The pooled environment at the anchor, its RNG seeded for simulated day 0."""
-        env = self.cache.env(anchor.task)
+    def start(self, anchor: Anchor, state: AnchorState, seed: int, env=None):
+        """``env`` (default: the pooled one) restored to the anchor, its RNG seeded for simulated day 0."""
+        env = env if env is not None else self.cache.env(anchor.task)
         env.restore(state.snapshot)
         env.reseed(day_seed(seed, 0))
         return env
@@ -338,11 +338,7 @@ class BranchRollout(_RolloutBase):
 
     def _branch(self, anchor: Anchor, state: AnchorState, action: Action, seed: int, env=None) -> _Branch:
         """Restore the anchor (into ``env``, default the pooled one), play ``action`` on simulated day 0."""
-        if env is None:
-            env = self.scorer.start(anchor, state, seed)
-        else:
-            env.restore(state.snapshot)
-            env.reseed(day_seed(seed, 0))
+        env = self.scorer.start(anchor, state, seed, env)
         applied, (obs, reward, terminated, truncated, info) = self.scorer.apply(
             env, state.obs, ParsedAction(action, True)
         )
