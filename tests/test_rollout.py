@@ -221,8 +221,6 @@ def test_self_horizon_is_checked():
 
 
 def test_teacher_match_compares_each_row_with_the_teacher_in_the_same_state(tokenizer, monkeypatch):
-    import random
-
     from recruit_trl.traces import match_candidate
 
     heuristic = INTERFACE.get_policy("grader_heuristic")
