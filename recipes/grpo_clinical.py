@@ -152,10 +152,12 @@ def run_warm_start(script_args, training_args, model_args, model_path: str) -> s
     flags = [
         "--model_name_or_path", model_path, "--output_dir", sft_dir, "--teacher", script_args.teacher,
         "--env", script_args.env, "--tasks", *script_args.tasks, "--train_seeds", script_args.sft_train_seeds,
+        "--heldout_seeds", script_args.sft_heldout_seeds,
         "--contract", script_args.contract, "--recent_k", str(script_args.recent_k),
         "--num_train_epochs", str(script_args.sft_epochs), "--seed", str(training_args.seed),
         "--epsilon", str(script_args.sft_epsilon), "--dagger_rounds", str(script_args.dagger_rounds),
-        "--dagger_seeds", script_args.sft_train_seeds, "--balance_by_task", str(script_args.sft_balance_by_task),
+        "--dagger_seeds", script_args.dagger_seeds, "--dagger_epochs", str(script_args.dagger_epochs),
+        "--balance_by_task", str(script_args.sft_balance_by_task),
         "--use_peft", str(not full), "--learning_rate", str(script_args.sft_learning_rate or (3e-4 if full else 1e-3)),
         "--lora_r", str(model_args.lora_r),
         "--lora_alpha", str(model_args.lora_alpha), "--lora_target_modules", *targets,
@@ -201,10 +203,10 @@ def report_run(script_args, training_args, model_args, trainer, model_path: str,
         contract=script_args.contract,
         recent_k=script_args.recent_k,
     )
-    runs = []  # (label, policy, config): every policy greedy, and models sampled too
+    runs = []  # (label, policy, config): every policy greedy, and the --eval_sampled models sampled too
     for label, policy in policies.items():
         runs.append((label, policy, config))
-        if policy.startswith("model:") and script_args.eval_temperature > 0:
+        if label in script_args.eval_sampled and script_args.eval_temperature > 0:
             sampled = replace(config, temperature=script_args.eval_temperature, top_p=script_args.eval_top_p)
             runs.append((f"{label}-sampled", policy, sampled))
     t0 = time.perf_counter()

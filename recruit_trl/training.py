@@ -81,7 +81,11 @@ class ScriptArguments(RolloutConfig):
         default=8, metadata={"help": "Episodes per task in the tiny model's warm-up corpus (model 'tiny' only)."}
     )
     tiny_build_steps: int | None = field(
-        default=None, metadata={"help": "Warm-up optimizer steps of the tiny model (default: the builder's epochs)."}
+        default=212,
+        metadata={
+            "help": "Warm-up optimizer steps of the tiny model (212: one pass over the default corpus, for the "
+            "CPU budget; the SFT warm start retrains every weight anyway)."
+        },
     )
     sft_adapter: str | None = field(
         default=None,
@@ -94,8 +98,11 @@ class ScriptArguments(RolloutConfig):
     )  # fmt: skip
     teacher: str = field(default="expert", metadata={"help": "Teacher policy of the SFT warm start."})
     sft_train_seeds: str = field(default="300-307", metadata={"help": "Episodes traced for the SFT warm start."})
+    sft_heldout_seeds: str = field(
+        default="400", metadata={"help": "Episodes traced for the SFT warm start's held-out teacher-match report."}
+    )
     sft_epochs: float = field(
-        default=2.0, metadata={"help": "Epochs of the SFT warm start's first fit (each DAgger round adds one)."}
+        default=2.0, metadata={"help": "Epochs of the SFT warm start's first fit (DAgger rounds: --dagger_epochs)."}
     )
     sft_full_finetune: str = field(
         default="auto",
@@ -121,6 +128,15 @@ class ScriptArguments(RolloutConfig):
     dagger_rounds: int = field(
         default=2, metadata={"help": "DAgger rounds of the SFT warm start (the model plays, the teacher labels)."}
     )
+    dagger_seeds: str = field(
+        default="300-303",
+        metadata={"help": "Reset seeds the model plays in each DAgger round (half the traced seeds: CPU budget)."},
+    )
+    dagger_epochs: float = field(
+        default=0.4,
+        metadata={"help": "Epochs over all SFT data so far in each DAgger round (0.4: the CPU budget; rows are "
+                  "reshuffled every round, so each round sees a different part)."},
+    )  # fmt: skip
     report: bool = field(
         default=True, metadata={"help": "Evaluate base / SFT / RL models and baselines at the end; write report.json."}
     )
@@ -131,9 +147,14 @@ class ScriptArguments(RolloutConfig):
     eval_temperature: float = field(
         default=1.0,
         metadata={
-            "help": "Also evaluate every model sampled at this temperature (rows '<model>-sampled'; 0: greedy only). "
-            "GRPO trains the sampled policy; greedy decoding of a small imitator can collapse onto one action."
+            "help": "Also evaluate the --eval_sampled models sampled at this temperature (rows '<model>-sampled'; "
+            "0: greedy only). GRPO trains the sampled policy; greedy decoding of a small imitator can collapse onto "
+            "one action."
         },
+    )
+    eval_sampled: list[str] = field(
+        default_factory=lambda: ["sft", "grpo"],
+        metadata={"help": "Models (base, sft, grpo) also evaluated sampled, with --eval_temperature > 0."},
     )
     eval_top_p: float = field(
         default=0.8, metadata={"help": "Nucleus for the sampled evaluation (trims malformed answers; 1 = off)."}

@@ -123,7 +123,7 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "2",
         "--tasks", "hard_bench_stage_30", "--anchor_seeds", "100", "--anchor_days", "0-20:10",
         "--per_device_train_batch_size", "8", "--num_generations", "4", "--horizon", "3",
-        "--teacher", "safe", "--sft_train_seeds", "300", "--sft_epochs", "0.2",
+        "--teacher", "safe", "--sft_train_seeds", "300", "--sft_epochs", "0.2", "--dagger_seeds", "300",
         "--eval_seeds", "0-1", "--eval_baselines", "heuristic", "--save_steps", "1",
     ]  # fmt: skip
     recipe.main(*recipe.parse_args(flags))
@@ -131,8 +131,8 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     assert (sft_dir / "model.safetensors").is_file() and not (sft_dir / "adapter_config.json").exists()
     assert (tmp_path / "model.safetensors").is_file() and not (tmp_path / "adapter_config.json").exists()
     report = json.loads((tmp_path / "report.json").read_text())
-    models = {"base", "sft", "grpo"}
-    assert {r["policy"] for r in report["results"]} == {*models, *(f"{m}-sampled" for m in models), "heuristic"}
+    models, twice = {"base", "sft", "grpo"}, {"sft", "grpo"}  # greedy and sampled (--eval_sampled); base greedy
+    assert {r["policy"] for r in report["results"]} == {*models, *(f"{m}-sampled" for m in twice), "heuristic"}
     sampled = json.loads((tmp_path / "eval" / "grpo-sampled.json").read_text())
     assert (sampled["temperature"], sampled["top_p"]) == (1.0, 0.8) and sampled["config"]["temperature"] == 1.0
     assert report["sft"]["valid_action_rate"] is not None
@@ -146,7 +146,7 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     assert {p.name: p.stat().st_mtime for p in (tmp_path / "eval").iterdir()} == stamps
     recipe.main(*recipe.parse_args([*flags, "--eval_top_p", "0.9"]))  # another nucleus: only sampled runs redo
     changed = {p.name for p in (tmp_path / "eval").iterdir() if p.stat().st_mtime != stamps[p.name]}
-    assert changed == {f"{m}-sampled.json" for m in models}
+    assert changed == {f"{m}-sampled.json" for m in twice}
 
 
 def test_warm_start_with_a_lora_adapter_continues_that_adapter(warm_model, tmp_path):
