@@ -81,11 +81,7 @@ class ScriptArguments(RolloutConfig):
         default=8, metadata={"help": "Episodes per task in the tiny model's warm-up corpus (model 'tiny' only)."}
     )
     tiny_build_steps: int | None = field(
-        default=212,
-        metadata={
-            "help": "Warm-up optimizer steps of the tiny model (212: one pass over the default corpus, for the "
-            "CPU budget; the SFT warm start retrains every weight anyway)."
-        },
+        default=None, metadata={"help": "Warm-up optimizer steps of the tiny model (default: the builder's epochs)."}
     )
     sft_adapter: str | None = field(
         default=None,
@@ -133,9 +129,9 @@ class ScriptArguments(RolloutConfig):
         metadata={"help": "Reset seeds the model plays in each DAgger round (half the traced seeds: CPU budget)."},
     )
     dagger_epochs: float = field(
-        default=0.4,
-        metadata={"help": "Epochs over all SFT data so far in each DAgger round (0.4: the CPU budget; rows are "
-                  "reshuffled every round, so each round sees a different part)."},
+        default=0.5,
+        metadata={"help": "Epochs over all SFT data so far in each DAgger round (0.5: the CPU budget; rows are "
+                  "reshuffled every round, so each round sees a different half)."},
     )  # fmt: skip
     report: bool = field(
         default=True, metadata={"help": "Evaluate base / SFT / RL models and baselines at the end; write report.json."}
