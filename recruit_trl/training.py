@@ -163,6 +163,9 @@ class ScriptArguments(RolloutConfig):
         for flag in ("sft_full_finetune", "rl_full_finetune"):
             if str(getattr(self, flag)).lower() not in ("auto", "true", "false"):
                 raise ValueError(f"--{flag} must be auto, true or false, not {getattr(self, flag)!r}")
+        unknown = set(self.eval_sampled) - {"base", "sft", "grpo"}
+        if unknown:
+            raise ValueError(f"--eval_sampled takes base, sft and grpo, not {sorted(unknown)}")
 
 
 def tiny_corpus_fn(interface: EnvInterface, tasks, episodes_per_task: int, contract: str, recent_k: int):

@@ -136,6 +136,8 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     sampled = json.loads((tmp_path / "eval" / "grpo-sampled.json").read_text())
     assert (sampled["temperature"], sampled["top_p"]) == (1.0, 0.8) and sampled["config"]["temperature"] == 1.0
     assert report["sft"]["valid_action_rate"] is not None
+    round_args = torch.load(sft_dir / "round-1" / "training_args.bin", weights_only=False)
+    assert round_args.num_train_epochs == 0.5  # --dagger_epochs reaches the DAgger rounds
     assert report["config"]["sft_full_finetune_resolved"] is True  # "auto", resolved for a tiny model built here
     assert report["config"]["rl_full_finetune_resolved"] is True
     assert len(report["training"]["curves"]["step"]) == 2
@@ -147,6 +149,8 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     recipe.main(*recipe.parse_args([*flags, "--eval_top_p", "0.9"]))  # another nucleus: only sampled runs redo
     changed = {p.name for p in (tmp_path / "eval").iterdir() if p.stat().st_mtime != stamps[p.name]}
     assert changed == {f"{m}-sampled.json" for m in twice}
+    with pytest.raises(ValueError, match="eval_sampled"):
+        recipe.parse_args([*flags, "--eval_sampled", "sft", "bsae"])
 
 
 def test_warm_start_with_a_lora_adapter_continues_that_adapter(warm_model, tmp_path):
