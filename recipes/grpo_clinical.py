@@ -46,6 +46,7 @@ from peft import PeftModel  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config, get_quantization_config  # noqa: E402
 
+from recruit_trl.evaluate import EvalConfig, evaluate_cached, evaluate_cached_runs  # noqa: E402
 from recruit_trl.models import METADATA_FILE, is_adapter, load_trainable  # noqa: E402
 from recruit_trl.protocol import get_env_interface  # noqa: E402
 from recruit_trl.rollout import make_rollout  # noqa: E402
@@ -54,6 +55,7 @@ from recruit_trl.training import (  # noqa: E402
     cpu_defaults,
     make_anchor_dataset,
     model_defaults,
+    parse_int_ranges,
     resolve_model_for,
 )
 from rewards import get_reward_funcs  # noqa: E402
@@ -85,8 +87,10 @@ def main(
     }
 
     # 3. Warm start: imitate the teacher first (the SFT recipe, cached), then continue from its adapter.
+    background = None
     if script_args.sft_adapter is None and script_args.warm_start == "auto":
         t0 = time.perf_counter()
+        background = start_baseline_evals(script_args, training_args, model_path)
         script_args.sft_adapter = run_warm_start(script_args, training_args, model_args, model_path)
         timings["sft"] = time.perf_counter() - t0
     model: object = model_path
@@ -135,7 +139,7 @@ def main(
 
     # 5. Report: held-out evaluation of base / SFT / RL models and baselines, plots, summary.
     if script_args.report and trainer.accelerator.is_main_process:
-        report_run(script_args, training_args, model_args, trainer, model_path, timings, started)
+        report_run(script_args, training_args, model_args, trainer, model_path, timings, started, background)
     trainer.accelerator.wait_for_everyone()
     return trainer
 
@@ -185,11 +189,9 @@ def _full_finetune(choice: str, model_args, model_path: str) -> bool:
     return choice == "true"
 
 
-def report_run(script_args, training_args, model_args, trainer, model_path: str, timings: dict, started: float):
-    from recruit_trl.evaluate import EvalConfig, evaluate
-    from recruit_trl.report import summary, training_curves, write_report
-    from recruit_trl.training import parse_int_ranges
-
+def report_runs(script_args, training_args, model_path: str) -> list[tuple[str, str, EvalConfig, Path]]:
+    """The report's evaluations as ``(label, policy, config, cache file)``: the base, SFT and RL models greedy (and
+    sampled for ``--eval_sampled``), then ``--eval_baselines``."""
     out = Path(training_args.output_dir)
     policies = {"base": f"model:{model_path}"}
     if script_args.sft_adapter:
@@ -203,22 +205,59 @@ def report_run(script_args, training_args, model_args, trainer, model_path: str,
         contract=script_args.contract,
         recent_k=script_args.recent_k,
     )
-    runs = []  # (label, policy, config): every policy greedy, and the --eval_sampled models sampled too
+    runs = []
     for label, policy in policies.items():
         runs.append((label, policy, config))
         if label in script_args.eval_sampled and script_args.eval_temperature > 0:
             sampled = replace(config, temperature=script_args.eval_temperature, top_p=script_args.eval_top_p)
             runs.append((f"{label}-sampled", policy, sampled))
+    return [(label, policy, cfg, out / "eval" / f"{label}.json") for label, policy, cfg in runs]
+
+
+def start_baseline_evals(script_args, training_args, model_path: str):
+    """Evaluate ``--eval_baselines`` in a background process while the warm start traces the teacher.
+
+    Both are single-threaded Python (environment steps and the expert's lookahead), so on a 2-core machine one
+    core would idle through the traces. Started only when the traces are about to be collected (the warm start's
+    data is not on disk yet) and one process trains: at any other time the background work would take a core
+    from torch. It writes the cache files the report reads; should it fail, the report evaluates them itself.
+
+    Returns:
+        ``(process, labels)``: the started ``multiprocessing.Process`` and the labels it evaluates, or ``None``.
+    """
+    import multiprocessing
+
+    data_cached = Path(training_args.output_dir, "sft", "dataset", "stats.json").is_file()
+    if not script_args.report or training_args.world_size > 1 or data_cached:
+        return None
+    runs = [
+        (label, policy, cfg, str(path))
+        for label, policy, cfg, path in report_runs(script_args, training_args, model_path)
+        if not policy.startswith("model:") and not path.is_file()
+    ]
+    if not runs:
+        return None
+    process = multiprocessing.get_context("spawn").Process(
+        target=evaluate_cached_runs, args=(runs,), name="baseline-evals", daemon=True
+    )
+    process.start()
+    labels = [label for label, *_ in runs]
+    print(f"evaluating {', '.join(labels)} in the background (pid {process.pid})")
+    return process, labels
+
+
+def report_run(
+    script_args, training_args, model_args, trainer, model_path: str, timings: dict, started: float, background=None
+):
+    from recruit_trl.report import summary, training_curves, write_report
+
+    out = Path(training_args.output_dir)
     t0 = time.perf_counter()
+    if background is not None:
+        background[0].join()  # its cache files are read below; anything it did not finish is evaluated here
     results, per_episode = [], {}
-    for label, policy, cfg in runs:  # cached per run: a re-run does not redo finished evaluations
-        cache = out / "eval" / f"{label}.json"
-        key = {"seeds": list(cfg.seeds), "temperature": cfg.temperature, "top_p": cfg.top_p}
-        part = json.loads(cache.read_text()) if cache.is_file() else {}
-        if any(part.get(k) != v for k, v in key.items()):
-            part = {**evaluate([policy], cfg, labels=[label]), **key}
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(part, indent=2))
+    for label, policy, cfg, cache in report_runs(script_args, training_args, model_path):
+        part = evaluate_cached(policy, cfg, label, cache)  # a re-run does not redo finished evaluations
         results.extend(part["results"])
         per_episode[label] = part["config"]["seconds_per_episode"][label]
     timings["eval"] = time.perf_counter() - t0
@@ -255,6 +294,7 @@ def report_run(script_args, training_args, model_args, trainer, model_path: str,
             "eval_seeds": script_args.eval_seeds,
             "eval_sampling": {"temperature": script_args.eval_temperature, "top_p": script_args.eval_top_p},
             "eval_seconds_per_episode": per_episode,
+            "eval_in_background": background[1] if background is not None else [],
         },
         "versions": evaluate_versions(),
         "timings_seconds": {k: round(v, 1) for k, v in timings.items()},

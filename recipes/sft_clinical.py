@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, Trainer
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config, get_quantization_config
 
 from recruit_trl.models import is_trained, load_trainable
@@ -61,6 +61,19 @@ class SFTScriptArguments:
     dagger_epochs: float = field(default=1.0, metadata={"help": "Epochs over all data so far in each DAgger round."})
     tiny_corpus_seeds: int = field(default=8, metadata={"help": "Warm-up episodes per task (model 'tiny' only)."})
     tiny_build_steps: int | None = field(default=None, metadata={"help": "Warm-up steps (model 'tiny' only)."})
+    token_metrics: str = field(
+        default="auto",
+        metadata={
+            "help": "'true': TRL's loss (a chunked pass over the LM head that also logs entropy and mean token "
+            "accuracy each step, lean on memory for large vocabularies); 'false': the model's own cross-entropy on "
+            "the same completion tokens (about 20%% faster steps for the tiny model on CPU); 'auto': false when "
+            "the vocabulary has fewer than 32k tokens."
+        },
+    )
+
+    def __post_init__(self):
+        if str(self.token_metrics).lower() not in ("auto", "true", "false"):
+            raise ValueError(f"--token_metrics must be auto, true or false, not {self.token_metrics!r}")
 
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
@@ -122,7 +135,8 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         args.output_dir = str(round_dir)
         if r > 0:
             args.num_train_epochs = script_args.dagger_epochs
-        trainer = SFTTrainer(
+        trainer_cls = SFTTrainer if token_metrics(script_args, model_path) else ModelLossSFTTrainer
+        trainer = trainer_cls(
             model=model if model is not None else model_path,
             args=args,
             train_dataset=data.remove_columns(["task", "seed", "day", "action_type", "candidate_types"]),
@@ -146,6 +160,33 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     (out / "heldout_report.json").write_text(json.dumps(report, indent=2))
     print(json.dumps({k: v for k, v in report.items() if k != "data"}, indent=2))
     return report
+
+
+class ModelLossSFTTrainer(SFTTrainer):
+    """``SFTTrainer`` whose loss is the model's own cross-entropy over the labelled (completion) tokens.
+
+    TRL's loss runs a chunked log-softmax over every position to log entropy and token accuracy as well; with a
+    vocabulary of a few hundred tokens the full logits are cheap and that pass costs about a fifth of each step
+    on CPU. The loss is the same quantity (summed over the completion tokens, divided by their count); only the
+    two metrics are not logged.
+    """
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.args.loss_type != "nll" or self.compute_loss_func is not None or self.label_smoother is not None:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        inputs["use_cache"] = False
+        return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+
+
+def token_metrics(script_args: SFTScriptArguments, model_path: str) -> bool:
+    """Whether to train through TRL's loss (with its token metrics); see ``--token_metrics``."""
+    choice = str(script_args.token_metrics).lower()
+    if choice != "auto":
+        return choice == "true"
+    config_file = Path(model_path, "config.json")
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    vocab = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or 0
+    return not 0 < vocab < 32_768
 
 
 def dagger_data(script_args: SFTScriptArguments, interface, data, policy_dir: Path, cache: Path):

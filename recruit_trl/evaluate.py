@@ -344,6 +344,39 @@ def evaluate(
     return {"results": results, "config": cfg, "versions": versions()}
 
 
+def evaluate_cached(
+    policy: str, config: EvalConfig, label: str, path: str | Path, *, progress: bool = True
+) -> dict[str, Any]:
+    """``evaluate([policy], config, labels=[label])`` cached in the JSON file ``path``.
+
+    The file is reused when it was written for the same tasks, seeds, contract, temperature and top-p (a re-run
+    does not redo a finished evaluation) and is written atomically (an interrupted run leaves no partial file).
+    Returns the evaluation with those keys added.
+    """
+    path = Path(path)
+    key = {
+        "tasks": list(config.tasks),
+        "seeds": list(config.seeds),
+        "contract": config.contract,
+        "temperature": config.temperature,
+        "top_p": config.top_p,
+    }
+    part = json.loads(path.read_text()) if path.is_file() else {}
+    if any(part.get(k) != v for k, v in key.items()):
+        part = {**evaluate([policy], config, labels=[label], progress=progress), **key}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(part, indent=2))
+        tmp.replace(path)
+    return part
+
+
+def evaluate_cached_runs(runs: Sequence[tuple[str, str, EvalConfig, str]]) -> None:
+    """:func:`evaluate_cached` for each ``(label, policy, config, path)`` in turn (a background process's work)."""
+    for label, policy, config, path in runs:
+        evaluate_cached(policy, config, label, path, progress=False)
+
+
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for name in ("recruit_trl", "torch", "transformers", "trl", "peft"):

@@ -74,6 +74,30 @@ def test_sft_recipe_trains_and_reports(warm_model, tmp_path):
     assert (tmp_path / "adapter_config.json").is_file() and (tmp_path / "heldout_report.json").is_file()
 
 
+def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
+    """``--token_metrics false`` trains on the same loss as TRL's path, only without its per-token metrics."""
+    from trl import SFTConfig, SFTTrainer
+
+    from recruit_trl.sft import build_sft_datasets
+
+    recipe = load("sft_clinical")
+    interface = env.agent.CLINICAL
+    train, _, _ = build_sft_datasets(interface, ["hard_bench_stage_30"], [1], [2], teacher="safe")
+    train = train.remove_columns(["task", "seed", "day", "action_type", "candidate_types"]).select(range(8))
+    args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", max_length=1024)
+    losses = []
+    for cls in (SFTTrainer, recipe.ModelLossSFTTrainer):
+        trainer = cls(model=warm_model, args=args, train_dataset=train)
+        batch = next(iter(trainer.get_train_dataloader()))
+        with torch.no_grad():
+            losses.append(trainer.compute_loss(trainer.model, dict(batch)).item())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5) and losses[0] > 0
+    script_args = recipe.parse_args(["--model_name_or_path", warm_model])[0]
+    assert recipe.token_metrics(script_args, warm_model) is False  # auto: the tiny model's vocabulary is small
+    with pytest.raises(ValueError, match="token_metrics"):
+        recipe.parse_args(["--token_metrics", "maybe"])
+
+
 @pytest.mark.parametrize("use_peft", [True, False])
 def test_sft_recipe_dagger_round_labels_the_students_states(warm_model, tmp_path, use_peft):
     recipe = load("sft_clinical")
@@ -136,6 +160,7 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     sampled = json.loads((tmp_path / "eval" / "grpo-sampled.json").read_text())
     assert (sampled["temperature"], sampled["top_p"]) == (1.0, 0.8) and sampled["config"]["temperature"] == 1.0
     assert report["sft"]["valid_action_rate"] is not None
+    assert report["config"]["eval_in_background"] == ["heuristic"]  # evaluated while the warm start traced
     round_args = torch.load(sft_dir / "round-1" / "training_args.bin", weights_only=False)
     assert round_args.num_train_epochs == 0.5  # --dagger_epochs reaches the DAgger rounds
     assert report["config"]["sft_full_finetune_resolved"] is True  # "auto", resolved for a tiny model built here
