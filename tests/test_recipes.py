@@ -163,7 +163,6 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     assert report["config"]["eval_in_background"] == ["heuristic"]  # evaluated while the warm start traced
     round_args = torch.load(sft_dir / "round-1" / "training_args.bin", weights_only=False)
     assert round_args.num_train_epochs == 0.5  # --dagger_epochs reaches the DAgger rounds
-    assert round_args.train_sampling_strategy == "group_by_length"  # the SFT recipe's default batches
     assert report["config"]["sft_full_finetune_resolved"] is True  # "auto", resolved for a tiny model built here
     assert report["config"]["rl_full_finetune_resolved"] is True
     assert len(report["training"]["curves"]["step"]) == 2
