@@ -69,6 +69,7 @@ __all__ = [
     "corpus_fingerprint",
     "ensure_tiny_model",
     "is_complete",
+    "length_bucketed_batches",
     "load_smollm2",
     "render_row",
     "resolve_model",
@@ -189,7 +190,7 @@ def corpus_fingerprint(corpus: Sequence[dict]) -> str:
 # --------------------------------------------------------------------------------------------- tiny model
 
 
-def _batches(lengths: list[int], batch_size: int, rng: random.Random) -> Iterator[list[int]]:
+def length_bucketed_batches(lengths: list[int], batch_size: int, rng: random.Random) -> Iterator[list[int]]:
     """One epoch of length-bucketed batches: shuffle, sort within pools of 32 batches, shuffle the batches."""
     order = list(range(len(lengths)))
     rng.shuffle(order)
@@ -426,7 +427,7 @@ def _pretrain(
 
     def epoch_stream() -> Iterator[list[int]]:
         while True:
-            yield from _batches(lengths, batch_size, rng)
+            yield from length_bucketed_batches(lengths, batch_size, rng)
 
     bar = None
     if progress:

@@ -76,7 +76,7 @@ def test_sft_recipe_trains_and_reports(warm_model, tmp_path):
 
 def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
     """``--token_metrics false`` trains on the same loss as TRL's path, only without its per-token metrics."""
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
 
     from recruit_trl.sft import build_sft_datasets
 
@@ -86,8 +86,8 @@ def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
     train = train.remove_columns(["task", "seed", "day", "action_type", "candidate_types"]).select(range(8))
     args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", max_length=1024)
     losses = []
-    for cls in (SFTTrainer, recipe.ModelLossSFTTrainer):
-        trainer = cls(model=warm_model, args=args, train_dataset=train)
+    for model_loss in (False, True):
+        trainer = recipe.WarmStartSFTTrainer(model=warm_model, args=args, train_dataset=train, model_loss=model_loss)
         batch = next(iter(trainer.get_train_dataloader()))
         with torch.no_grad():
             losses.append(trainer.compute_loss(trainer.model, dict(batch)).item())
@@ -96,6 +96,22 @@ def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
     assert recipe.token_metrics(script_args, warm_model) is False  # auto: the tiny model's vocabulary is small
     with pytest.raises(ValueError, match="token_metrics"):
         recipe.parse_args(["--token_metrics", "maybe"])
+
+
+def test_length_bucket_sampler_makes_whole_batches_of_similar_lengths():
+    recipe = load("sft_clinical")
+    lengths = [(i * 37) % 300 + 250 for i in range(1000)]  # 250..549, scrambled
+    sampler = recipe.LengthBucketSampler(lengths, batch_size=16, seed=0)
+    order = list(sampler)
+    assert sorted(order) == list(range(1000))  # every row once per epoch
+    batches = [order[i : i + 16] for i in range(0, 1000, 16)]
+    assert all(len(b) == 16 for b in batches[:-1]) and len(batches[-1]) == 1000 % 16  # the short batch last
+    spread = [max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches[:-1]]
+    assert sum(spread) / len(spread) < 30  # random batches of 16 from 250..549 spread about 265
+    firsts = [min(lengths[i] for i in b) for b in batches[:-1]]
+    assert firsts != sorted(firsts) and firsts != sorted(firsts, reverse=True)  # batches in random order
+    sampler.set_epoch(1)
+    assert list(sampler) != order and list(recipe.LengthBucketSampler(lengths, 16, seed=0)) == order
 
 
 @pytest.mark.parametrize("use_peft", [True, False])
