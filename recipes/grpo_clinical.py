@@ -26,7 +26,8 @@ Top to bottom:
    ``--output_dir``.
 6. Report (``--report``): the base, SFT and RL models and ``--eval_baselines`` on held-out ``--eval_seeds``
    (models greedy, and sampled at ``--eval_temperature`` / ``--eval_top_p``: rows ``<model>-sampled``);
-   ``report.json``, PNG plots and a one-screen summary in ``--output_dir``.
+   ``report.json``, PNG plots and a one-screen summary in ``--output_dir``. The baselines (pure Python) run in a
+   background process while the warm start traces the teacher, on the core that would otherwise idle.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ Top to bottom:
 2. Data: teacher traces on ``--train_seeds`` (balanced by action type within each task) and ``--heldout_seeds``
    (untouched), as conversational prompt/completion rows; saved to ``<output_dir>/dataset`` and reused on re-runs.
 3. ``SFTTrainer`` trains a LoRA adapter on the completions only (``--use_peft false``: every weight, which suits the
-   tiny model, whose LoRA lacks the capacity to condition on the state; a real model keeps LoRA).
+   tiny model, whose LoRA lacks the capacity to condition on the state; a real model keeps LoRA). For a small
+   vocabulary the loss is the model's own cross-entropy (``--token_metrics``; see ``WarmStartSFTTrainer``).
 4. DAgger (``--dagger_rounds N``): the student plays ``--dagger_seeds`` itself, the teacher labels every state
    it reaches, and training continues on all data so far (``--dagger_epochs``); each round is cached in
    ``<output_dir>/round-K``. The final adapter (or model) and tokenizer are saved to ``--output_dir``. Start GRPO /
