@@ -47,7 +47,7 @@ from peft import PeftModel  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config, get_quantization_config  # noqa: E402
 
-from recruit_trl.evaluate import EvalConfig, evaluate_cached, evaluate_cached_runs  # noqa: E402
+from recruit_trl.evaluate import EvalConfig, cached_evaluation, evaluate_cached, evaluate_cached_runs  # noqa: E402
 from recruit_trl.models import METADATA_FILE, is_adapter, load_trainable  # noqa: E402
 from recruit_trl.protocol import get_env_interface  # noqa: E402
 from recruit_trl.rollout import make_rollout  # noqa: E402
@@ -234,7 +234,7 @@ def start_baseline_evals(script_args, training_args, model_path: str):
     runs = [
         (label, policy, cfg, str(path))
         for label, policy, cfg, path in report_runs(script_args, training_args, model_path)
-        if not policy.startswith("model:") and not path.is_file()
+        if not policy.startswith("model:") and cached_evaluation(cfg, path) is None
     ]
     if not runs:
         return None

@@ -72,7 +72,6 @@ class SFTScriptArguments:
             "the vocabulary has fewer than 32k tokens."
         },
     )
-
     length_buckets: bool = field(
         default=False,
         metadata={

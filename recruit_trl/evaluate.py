@@ -344,26 +344,36 @@ def evaluate(
     return {"results": results, "config": cfg, "versions": versions()}
 
 
-def evaluate_cached(
-    policy: str, config: EvalConfig, label: str, path: str | Path, *, progress: bool = True
-) -> dict[str, Any]:
-    """``evaluate([policy], config, labels=[label])`` cached in the JSON file ``path``.
-
-    The file is reused when it was written for the same tasks, seeds, contract, temperature and top-p (a re-run
-    does not redo a finished evaluation) and is written atomically (an interrupted run leaves no partial file).
-    Returns the evaluation with those keys added.
-    """
+def cached_evaluation(config: EvalConfig, path: str | Path) -> dict[str, Any] | None:
+    """The evaluation in the JSON file ``path`` if it was written for the same tasks, seeds, contract, temperature
+    and top-p as ``config``, else ``None``."""
     path = Path(path)
-    key = {
+    part = json.loads(path.read_text()) if path.is_file() else {}
+    return part if part and all(part.get(k) == v for k, v in _cache_key(config).items()) else None
+
+
+def _cache_key(config: EvalConfig) -> dict[str, Any]:
+    return {
         "tasks": list(config.tasks),
         "seeds": list(config.seeds),
         "contract": config.contract,
         "temperature": config.temperature,
         "top_p": config.top_p,
     }
-    part = json.loads(path.read_text()) if path.is_file() else {}
-    if any(part.get(k) != v for k, v in key.items()):
-        part = {**evaluate([policy], config, labels=[label], progress=progress), **key}
+
+
+def evaluate_cached(
+    policy: str, config: EvalConfig, label: str, path: str | Path, *, progress: bool = True
+) -> dict[str, Any]:
+    """``evaluate([policy], config, labels=[label])`` cached in the JSON file ``path``.
+
+    The file is reused when :func:`cached_evaluation` accepts it (a re-run does not redo a finished evaluation) and
+    is written atomically (an interrupted run leaves no partial file). Returns the evaluation with its cache key.
+    """
+    part = cached_evaluation(config, path)
+    if part is None:
+        path = Path(path)
+        part = {**evaluate([policy], config, labels=[label], progress=progress), **_cache_key(config)}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(part, indent=2))
