@@ -163,6 +163,8 @@ def run_warm_start(script_args, training_args, model_args, model_path: str) -> s
         "--epsilon", str(script_args.sft_epsilon), "--dagger_rounds", str(script_args.dagger_rounds),
         "--dagger_seeds", script_args.dagger_seeds, "--dagger_epochs", str(script_args.dagger_epochs),
         "--balance_by_task", str(script_args.sft_balance_by_task),
+        "--keep_best_round", str(script_args.sft_keep_best_round),
+        "--length_buckets", str(script_args.sft_length_buckets),
         "--use_peft", str(not full), "--learning_rate", str(script_args.sft_learning_rate or (3e-4 if full else 1e-3)),
         "--lora_r", str(model_args.lora_r),
         "--lora_alpha", str(model_args.lora_alpha), "--lora_target_modules", *targets,

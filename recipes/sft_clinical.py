@@ -13,8 +13,9 @@ Top to bottom:
    vocabulary the loss is the model's own cross-entropy (``--token_metrics``; see ``WarmStartSFTTrainer``).
 4. DAgger (``--dagger_rounds N``): the student plays ``--dagger_seeds`` itself, the teacher labels every state
    it reaches, and training continues on all data so far (``--dagger_epochs``); each round is cached in
-   ``<output_dir>/round-K``. The final adapter (or model) and tokenizer are saved to ``--output_dir``. Start GRPO /
-   REINFORCE from it with ``--sft_adapter <output_dir>``.
+   ``<output_dir>/round-K``. The last round's student plays those seeds too, and the round whose student scored
+   best is kept (``--keep_best_round``): its adapter (or model) and the tokenizer are saved to ``--output_dir``.
+   Start GRPO / REINFORCE from it with ``--sft_adapter <output_dir>``.
 5. Held-out report (``<output_dir>/heldout_report.json``): teacher match, strict-JSON and valid-action rates,
    predicted vs teacher action-type distributions.
 """
@@ -35,7 +36,14 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config, 
 
 from recruit_trl.models import is_trained, length_bucketed_batches, load_trainable
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.sft import balance_action_types, build_sft_datasets, dagger_rows, heldout_report, to_conversational
+from recruit_trl.sft import (
+    balance_action_types,
+    best_round,
+    build_sft_datasets,
+    dagger_rows,
+    heldout_report,
+    to_conversational,
+)
 from recruit_trl.training import model_defaults, parse_int_ranges, resolve_model_for
 
 
@@ -61,6 +69,13 @@ class SFTScriptArguments:
         default="300-307", metadata={"help": "Reset seeds the model plays in each DAgger round."}
     )
     dagger_epochs: float = field(default=1.0, metadata={"help": "Epochs over all data so far in each DAgger round."})
+    keep_best_round: bool = field(
+        default=True,
+        metadata={
+            "help": "With DAgger rounds: the last round's student also plays --dagger_seeds, and the round whose "
+            "student scored best (mean final score over the tasks) is the model saved, not necessarily the last."
+        },
+    )
     tiny_corpus_seeds: int = field(default=8, metadata={"help": "Warm-up episodes per task (model 'tiny' only)."})
     tiny_build_steps: int | None = field(default=None, metadata={"help": "Warm-up steps (model 'tiny' only)."})
     token_metrics: str = field(
@@ -157,8 +172,16 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         trainer.train(resume_from_checkpoint=_last_checkpoint(args.output_dir))
         trainer.save_model(args.output_dir)
         model = trainer.model
-    if model is None:  # every round was cached
-        model = load_trainable(model_path, out / f"round-{rounds}", training_args.model_init_kwargs)
+    selected, selection = rounds, None
+    if rounds > 0 and script_args.keep_best_round:
+        scores = [{task: v["final_score_mean"] for task, v in d["student"].items()} for d in dagger]
+        scores.append(last_round_scores(script_args, interface, out / f"round-{rounds}", data_dir))
+        selected = best_round(scores)
+        summary = ", ".join(f"round {r}: {sum(s.values()) / len(s):.3f}" for r, s in enumerate(scores))
+        print(f"DAgger students' mean final scores ({summary}); keeping round {selected}")
+        selection = {"student_scores": scores, "selected_round": selected}
+    if model is None or selected != rounds:  # every round was cached, or an earlier round is kept
+        model = load_trainable(model_path, out / f"round-{selected}", training_args.model_init_kwargs)
     model.save_pretrained(training_args.output_dir)
     tokenizer.save_pretrained(training_args.output_dir)
 
@@ -168,6 +191,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     report = heldout_report(model, tokenizer, heldout, script_args.contract, interface=interface)
     report["data"] = stats
     report["dagger"] = dagger
+    report["round_selection"] = selection
     (out / "heldout_report.json").write_text(json.dumps(report, indent=2))
     print(json.dumps({k: v for k, v in report.items() if k != "data"}, indent=2))
     return report
@@ -272,6 +296,27 @@ def dagger_data(script_args: SFTScriptArguments, interface, data, policy_dir: Pa
         (cache / "info.json").write_text(json.dumps(info, indent=2))
     print(f"DAgger: {info['rows']} new rows; the student scored {info['student']}")
     return concatenate_datasets([data, rows]), info
+
+
+def last_round_scores(script_args: SFTScriptArguments, interface, policy_dir: Path, data_dir: Path) -> dict:
+    """Mean final score per task of the last round's student playing ``--dagger_seeds`` (cached), as the earlier
+    rounds' students did while their states were labelled."""
+    cache = data_dir / f"student-{script_args.dagger_rounds}.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    _, results = dagger_rows(
+        str(policy_dir),
+        interface,
+        script_args.tasks,
+        parse_int_ranges(script_args.dagger_seeds),
+        teacher=None,
+        contract=script_args.contract,
+        recent_k=script_args.recent_k,
+        env=script_args.env,
+    )
+    scores = {r["task"]: r["final_score_mean"] for r in results}
+    cache.write_text(json.dumps(scores, indent=2))
+    return scores
 
 
 def _last_checkpoint(output_dir: str) -> str | None:

@@ -125,14 +125,14 @@ def dagger_rows(
     tasks: Sequence[str],
     seeds: Sequence[int],
     *,
-    teacher: str,
+    teacher: str | None,
     contract: str = "index",
     recent_k: int = 2,
     env: str | None = None,
     progress: bool = True,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """DAgger data: the model at ``policy_path`` plays full episodes (greedy, lock-step batched, as in evaluation)
-    and every state it reaches is labelled with ``teacher``'s action there.
+    and every state it reaches is labelled with ``teacher``'s action there (``None``: no labels, only the scores).
 
     Behaviour cloning sees only the teacher's own states; once the student errs it reaches states the teacher
     never showed it and drifts further (compounding errors). These rows teach it how to recover from its own
@@ -148,7 +148,7 @@ def dagger_rows(
     if env is not None:
         config.env = env
     evaluator = Evaluator(config, interface)
-    evaluator.labelled_rows = []
+    evaluator.labelled_rows = [] if teacher is not None else None
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -157,7 +157,22 @@ def dagger_rows(
     logs = evaluator.run_model(policy_path, progress=bar.update if bar else None)
     if bar:
         bar.close()
-    return evaluator.labelled_rows, aggregate("student", logs, is_model=True)
+    return evaluator.labelled_rows or [], aggregate("student", logs, is_model=True)
+
+
+def best_round(scores: Sequence[dict[str, float]]) -> int:
+    """The DAgger round to keep: the one whose student scored the highest final score averaged over the tasks,
+    the latest on ties.
+
+    ``scores[r]`` maps each task to the mean final score of round ``r``'s student playing its own episodes. A
+    round's extra data can make the student worse: on the main job's medium task the student sometimes settles
+    on paying for strategy changes every day and enrols nobody (a drop of 0.2-0.3 on that task), depending on
+    little more than the order of the batches.
+    """
+    if not scores:
+        raise ValueError("best_round needs the scores of at least one round")
+    means = [sum(s.values()) / max(1, len(s)) for s in scores]
+    return max(range(len(means)), key=lambda r: (means[r], r))
 
 
 def heldout_report(

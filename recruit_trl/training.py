@@ -122,8 +122,10 @@ class ScriptArguments(RolloutConfig):
         default=True, metadata={"help": "SFT warm start: cap every action type's share within each task's rows."}
     )
     dagger_rounds: int = field(
-        default=2, metadata={"help": "DAgger rounds of the SFT warm start (the model plays, the teacher labels)."}
-    )
+        default=1,
+        metadata={"help": "DAgger rounds of the SFT warm start (the model plays, the teacher labels; one: the CPU "
+                  "budget, the best round is kept, see --sft_keep_best_round)."},
+    )  # fmt: skip
     dagger_seeds: str = field(
         default="300-303",
         metadata={"help": "Reset seeds the model plays in each DAgger round (half the traced seeds: CPU budget)."},
@@ -132,6 +134,16 @@ class ScriptArguments(RolloutConfig):
         default=0.5,
         metadata={"help": "Epochs over all SFT data so far in each DAgger round (0.5: the CPU budget; rows are "
                   "reshuffled every round, so each round sees a different half)."},
+    )  # fmt: skip
+    sft_keep_best_round: bool = field(
+        default=True,
+        metadata={"help": "SFT warm start: keep the DAgger round whose student scored best on --dagger_seeds "
+                  "(the last round's student plays them too), not necessarily the last."},
+    )  # fmt: skip
+    sft_length_buckets: bool = field(
+        default=True,
+        metadata={"help": "SFT warm start: batches of rows of similar lengths in random order (faster on CPU; "
+                  "see recipes/sft_clinical.py --length_buckets)."},
     )  # fmt: skip
     report: bool = field(
         default=True, metadata={"help": "Evaluate base / SFT / RL models and baselines at the end; write report.json."}
@@ -149,8 +161,11 @@ class ScriptArguments(RolloutConfig):
         },
     )
     eval_sampled: list[str] = field(
-        default_factory=lambda: ["sft", "grpo"],
-        metadata={"help": "Models (base, sft, grpo) also evaluated sampled, with --eval_temperature > 0."},
+        default_factory=lambda: ["grpo"],
+        metadata={
+            "help": "Models (base, sft, grpo) also evaluated sampled, with --eval_temperature > 0 (the RL "
+            "model only by default: the CPU budget; add sft to compare the sampled policy before RL)."
+        },
     )
     eval_top_p: float = field(
         default=0.8, metadata={"help": "Nucleus for the sampled evaluation (trims malformed answers; 1 = off)."}

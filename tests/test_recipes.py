@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import load_from_disk
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import env.agent  # noqa: F401
+from recruit_trl.sft import best_round
 
 ROOT = Path(__file__).parents[1]
 SMALL = [
@@ -131,6 +133,15 @@ def test_sft_recipe_dagger_round_labels_the_students_states(warm_model, tmp_path
     assert set(rows["seed"]) == {5} and set(rows["action_type"]) <= PRODUCTIVE  # the safe agent never idles
     for folder in (tmp_path / "round-0", tmp_path / "round-1", tmp_path):
         assert (folder / saved).is_file() and (folder / "adapter_config.json").is_file() == use_peft
+    # The last round's student played the DAgger seeds too; the saved model is the round that scored best.
+    selection = report["round_selection"]
+    assert selection["student_scores"][0] == {t: s["final_score_mean"] for t, s in info["student"].items()}
+    assert len(selection["student_scores"]) == 2 and selection["selected_round"] == best_round(
+        selection["student_scores"]
+    )
+    kept = load_file(tmp_path / f"round-{selection['selected_round']}" / saved)
+    final = load_file(tmp_path / saved)
+    assert kept.keys() == final.keys() and all(torch.equal(kept[k], final[k]) for k in kept)
     (tmp_path / "heldout_report.json").unlink()  # interrupted before the report: the rounds are not redone
     stamp = (tmp_path / "round-1" / saved).stat().st_mtime
     assert recipe.main(*recipe.parse_args(flags))["dagger"] == report["dagger"]
@@ -171,7 +182,7 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     assert (sft_dir / "model.safetensors").is_file() and not (sft_dir / "adapter_config.json").exists()
     assert (tmp_path / "model.safetensors").is_file() and not (tmp_path / "adapter_config.json").exists()
     report = json.loads((tmp_path / "report.json").read_text())
-    models, twice = {"base", "sft", "grpo"}, {"sft", "grpo"}  # greedy and sampled (--eval_sampled); base greedy
+    models, twice = {"base", "sft", "grpo"}, {"grpo"}  # greedy, and sampled (--eval_sampled): the RL model
     assert {r["policy"] for r in report["results"]} == {*models, *(f"{m}-sampled" for m in twice), "heuristic"}
     sampled = json.loads((tmp_path / "eval" / "grpo-sampled.json").read_text())
     assert (sampled["temperature"], sampled["top_p"]) == (1.0, 0.8) and sampled["config"]["temperature"] == 1.0
@@ -179,6 +190,8 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     assert report["config"]["eval_in_background"] == ["heuristic"]  # evaluated while the warm start traced
     round_args = torch.load(sft_dir / "round-1" / "training_args.bin", weights_only=False)
     assert round_args.num_train_epochs == 0.5  # --dagger_epochs reaches the DAgger rounds
+    selection = report["sft"]["round_selection"]  # one DAgger round: rounds 0 and 1 played, the better kept
+    assert len(selection["student_scores"]) == 2 and selection["selected_round"] in (0, 1)
     assert report["config"]["sft_full_finetune_resolved"] is True  # "auto", resolved for a tiny model built here
     assert report["config"]["rl_full_finetune_resolved"] is True
     assert len(report["training"]["curves"]["step"]) == 2

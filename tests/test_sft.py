@@ -8,7 +8,7 @@ import pytest
 
 import env.agent  # noqa: F401
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.sft import balance_action_types, build_sft_datasets
+from recruit_trl.sft import balance_action_types, best_round, build_sft_datasets
 
 INTERFACE = get_env_interface("clinical")
 
@@ -67,3 +67,12 @@ def test_balancing_by_task_caps_every_type_within_each_task():
     counts = Counter((r["task"], r["action_type"]) for r in per_task)
     assert counts == {("a", "x"): 2, ("a", "y"): 2, ("b", "y"): 5, ("b", "z"): 5}
     assert [r["i"] for r in per_task] == sorted(r["i"] for r in per_task)  # original order kept
+
+
+def test_best_round_keeps_the_best_mean_over_tasks_and_the_latest_on_ties():
+    collapsed = {"easy": 0.73, "medium": 0.31, "hard": 0.57}  # one task lost: the mean over tasks shows it
+    assert best_round([{"easy": 0.70, "medium": 0.52, "hard": 0.57}, collapsed]) == 0
+    assert best_round([collapsed, {"easy": 0.69, "medium": 0.57, "hard": 0.60}, collapsed]) == 1
+    assert best_round([{"easy": 0.6}, {"easy": 0.6}]) == 1
+    with pytest.raises(ValueError):
+        best_round([])
