@@ -161,10 +161,10 @@ class ScriptArguments(RolloutConfig):
         },
     )
     eval_sampled: list[str] = field(
-        default_factory=lambda: ["grpo"],
+        default_factory=list,
         metadata={
-            "help": "Models (base, sft, grpo) also evaluated sampled, with --eval_temperature > 0 (the RL "
-            "model only by default: the CPU budget; add sft to compare the sampled policy before RL)."
+            "help": "Models (base, sft, grpo) also evaluated sampled, with --eval_temperature > 0 (none by default: "
+            "each costs as much as a greedy evaluation, and the main job's CPU budget has no room for it)."
         },
     )
     eval_top_p: float = field(

@@ -175,14 +175,14 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
         "--tasks", "hard_bench_stage_30", "--anchor_seeds", "100", "--anchor_days", "0-20:10",
         "--per_device_train_batch_size", "8", "--num_generations", "4", "--horizon", "3",
         "--teacher", "safe", "--sft_train_seeds", "300", "--sft_epochs", "0.2", "--dagger_seeds", "300",
-        "--eval_seeds", "0-1", "--eval_baselines", "heuristic", "--save_steps", "1",
+        "--eval_seeds", "0-1", "--eval_baselines", "heuristic", "--save_steps", "1", "--eval_sampled", "grpo",
     ]  # fmt: skip
     recipe.main(*recipe.parse_args(flags))
     sft_dir = tmp_path / "sft"  # --sft_full_finetune auto: a tiny model built here is fully fine-tuned
     assert (sft_dir / "model.safetensors").is_file() and not (sft_dir / "adapter_config.json").exists()
     assert (tmp_path / "model.safetensors").is_file() and not (tmp_path / "adapter_config.json").exists()
     report = json.loads((tmp_path / "report.json").read_text())
-    models, twice = {"base", "sft", "grpo"}, {"grpo"}  # greedy, and sampled (--eval_sampled): the RL model
+    models, twice = {"base", "sft", "grpo"}, {"grpo"}  # greedy, and sampled as --eval_sampled asks
     assert {r["policy"] for r in report["results"]} == {*models, *(f"{m}-sampled" for m in twice), "heuristic"}
     sampled = json.loads((tmp_path / "eval" / "grpo-sampled.json").read_text())
     assert (sampled["temperature"], sampled["top_p"]) == (1.0, 0.8) and sampled["config"]["temperature"] == 1.0
