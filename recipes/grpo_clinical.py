@@ -14,7 +14,8 @@ Top to bottom:
 2. The environment interface (``--env``).
 3. The policy model: ``tiny`` (a warm tiny Qwen3 built locally and cached), ``smollm2`` (from its wheel), or
    any local folder / cached hub id; LoRA by default, 4-bit QLoRA with ``--load_in_4bit`` (GPU).
-4. Warm start (``--warm_start auto``): the SFT recipe imitates ``--teacher`` (cached in ``<output_dir>/sft``);
+4. Warm start (``--warm_start auto``): the SFT recipe imitates ``--teacher`` (cached in ``<output_dir>/sft``; DAgger
+   rounds, the best round kept);
    RL continues from that adapter, or, when the warm start fine-tuned every weight (``--sft_full_finetune``,
    the tiny model's default), trains every weight too (``--rl_full_finetune``, the tiny model's default) or a
    fresh adapter on it.
@@ -25,7 +26,8 @@ Top to bottom:
    x ``--reward_weights``), then ``trainer.train()`` (resumes from the last checkpoint); the adapter is saved to
    ``--output_dir``.
 6. Report (``--report``): the base, SFT and RL models and ``--eval_baselines`` on held-out ``--eval_seeds``
-   (models greedy, and sampled at ``--eval_temperature`` / ``--eval_top_p``: rows ``<model>-sampled``);
+   (models greedy; those named by ``--eval_sampled`` also sampled at ``--eval_temperature`` / ``--eval_top_p``:
+   rows ``<model>-sampled``);
    ``report.json``, PNG plots and a one-screen summary in ``--output_dir``. The baselines (pure Python) run in a
    background process while the warm start traces the teacher, on the core that would otherwise idle.
 """

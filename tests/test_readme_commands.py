@@ -153,7 +153,7 @@ def test_recruit_trl_eval_commands(warm_model, server_url, tmp_path):
     commands = commands_matching("recruit-trl eval")
     assert len(commands) >= 3
     for command in commands:
-        command = command.replace("model:outputs/grpo_clinical", f"model:{warm_model}")
+        command = re.sub(r"model:outputs/grpo_clinical(/sft)?", f"model:{warm_model}", command)  # GRPO or SFT
         command = command.replace("http://127.0.0.1:8000", server_url)
         argv = [*shlex.split(command), "--seeds", "0", "--task", "hard_bench_stage_30", "--no-progress"]
         proc = run(argv, cwd=tmp_path)
