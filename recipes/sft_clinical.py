@@ -42,6 +42,7 @@ from recruit_trl.sft import (
     build_sft_datasets,
     dagger_rows,
     heldout_report,
+    mean_over_tasks,
     to_conversational,
 )
 from recruit_trl.training import model_defaults, parse_int_ranges, resolve_model_for
@@ -91,8 +92,9 @@ class SFTScriptArguments:
         default=False,
         metadata={
             "help": "Batches of rows of similar lengths, in random order: about 30%% faster steps for the tiny "
-            "model on CPU (prompts run from about 250 to 570 tokens), but each batch then holds one range of days "
-            "and tasks, and the main job's warm start lost medium with it (greedy 0.330 instead of 0.569)."
+            "model on CPU (prompts run from about 250 to 570 tokens). Each batch then holds one range of days and "
+            "tasks; with the last DAgger round kept whatever it scored, the main job once lost medium with it "
+            "(greedy 0.330), so the main job turns it on only together with --keep_best_round."
         },
     )
 
@@ -177,7 +179,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         scores = [{task: v["final_score_mean"] for task, v in d["student"].items()} for d in dagger]
         scores.append(last_round_scores(script_args, interface, out / f"round-{rounds}", data_dir))
         selected = best_round(scores)
-        summary = ", ".join(f"round {r}: {sum(s.values()) / len(s):.3f}" for r, s in enumerate(scores))
+        summary = ", ".join(f"round {r}: {mean_over_tasks(s):.3f}" for r, s in enumerate(scores))
         print(f"DAgger students' mean final scores ({summary}); keeping round {selected}")
         selection = {"student_scores": scores, "selected_round": selected}
     if model is None or selected != rounds:  # every round was cached, or an earlier round is kept
@@ -235,9 +237,10 @@ class LengthBucketSampler(torch.utils.data.Sampler):
     warm-up does the same, :func:`recruit_trl.models.length_bucketed_batches`); a short batch goes last, so the
     data loader's cuts fall on batch boundaries. Random batches of 16 pad every row to about 520 tokens here
     against a mean of 376. Unlike transformers' ``group_by_length``, which plays each sorted pool from its longest
-    batch to its shortest, consecutive steps do not march through one range of lengths. Off by default: a batch
-    of similar lengths is a batch of similar days and tasks, and the main job's warm start collapsed on medium
-    with either order (greedy 0.330 with this one, 0.349 with ``group_by_length``, 0.569 with random batches).
+    batch to its shortest, consecutive steps do not march through one range of lengths. Off by default here: a
+    batch of similar lengths is a batch of similar days and tasks, and a warm start that kept its last DAgger round
+    collapsed on medium with either order (greedy 0.330 with this one, 0.349 with ``group_by_length``). The main
+    job uses it behind ``--keep_best_round``, which keeps an earlier round when the last one collapses.
     """
 
     def __init__(self, lengths: list[int], batch_size: int, seed: int = 0) -> None:

@@ -171,8 +171,12 @@ def best_round(scores: Sequence[dict[str, float]]) -> int:
     """
     if not scores:
         raise ValueError("best_round needs the scores of at least one round")
-    means = [sum(s.values()) / max(1, len(s)) for s in scores]
-    return max(range(len(means)), key=lambda r: (means[r], r))
+    return max(range(len(scores)), key=lambda r: (mean_over_tasks(scores[r]), r))
+
+
+def mean_over_tasks(scores: dict[str, float]) -> float:
+    """The mean of one round's per-task scores (0 for none): what :func:`best_round` ranks rounds by."""
+    return sum(scores.values()) / max(1, len(scores))
 
 
 def heldout_report(
