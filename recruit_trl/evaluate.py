@@ -17,8 +17,9 @@ Episodes run in-process, or against an environment server (``env_url``) through 
 
 Per-decision trace (``recruit-trl eval --trace FILE``): one JSON line per decision with the policy, task, seed,
 day, the action played and the teacher's action (both as the prompt describes them), whether they match, whether
-the decision was valid, and its outcome. Aggregates say *that* a model drifts; the trace shows where: e.g. a
-student that negotiates every day on medium while the expert waits until the last scheduled dropout.
+the decision was valid (for a model's rejected answer also its ``text`` and the parser's ``error``), and its
+outcome. Aggregates say *that* a model drifts; the trace shows where: e.g. a student that negotiates every day on
+medium while the expert waits until the last scheduled dropout.
 """
 
 from __future__ import annotations
@@ -189,6 +190,8 @@ class Evaluator:
                 new_obs, _, terminated, truncated, info = envs[i].step(parsed.action)
                 strict = parse_json_object(text)[0] is not None
                 self._record(logs[i], parsed.action, info, parsed_json=strict, valid=parsed.valid, taught=taught)
+                if self.trace is not None and not parsed.valid:  # what the model wrote, and why it was rejected
+                    self.trace[-1].update(error=parsed.error, text=text)
                 recent[i].append(digest(self.interface, day, parsed.action, info))
                 obs[i] = new_obs
                 if terminated or truncated:

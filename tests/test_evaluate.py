@@ -94,6 +94,9 @@ def test_trace_records_every_decision_and_agrees_with_the_aggregates(tiny_model,
         assert round(sum(r["match"] for r in mine) / 60, 4) == row["teacher_match"]
         assert round(sum(r["valid"] for r in mine) / 60, 4) == row["valid_action_rate"]
         assert all(r["task"] == TASK and r["action"] and r["teacher"] and r["outcome"] for r in mine)
+        rejected = [r for r in mine if "error" in r]  # a model's answers the parser rejected: text and reason kept
+        assert round(len(rejected) / 60, 4) == (row["fallback_rate"] or 0.0)
+        assert all(not r["valid"] and r["error"] and isinstance(r["text"], str) for r in rejected)
     assert set(results) == {"safe", f"model:{tiny_model}"}
 
 
