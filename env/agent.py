@@ -6,18 +6,19 @@ and registers it as ``"clinical"``. It is the only place where the plugin meets 
 * Rendering: one short block per decision (day, budget, enrolment vs target, funnel, pressures, sites,
   plan and memory, and a digest of the last actions). Patients appear in the candidate list with their
   visible attributes, so nothing is shown twice.
-* Candidate actions (the ``index`` contract): every listed action is legal when it runs (budget, capacity,
-  holds, including a hold that the fixed calendar starts today, and consents that lapse at the start of today
-  are checked), ordered from most to least productive: allocate (the most urgent consent to every open site,
-  best success chance first; other consents to their best site), recontact (only patients that can still
-  consent or enrol), screen (every available patient), strategy changes (including a negotiation with each
-  site); memory (one ``site`` entry) only on hold days, when nothing productive is legal, or when spending
-  would eat into the budget reserve the grader rewards (free actions leave the state unchanged, and a weak
-  policy that picks one in a normal state loops on it); plans (screening, recovery, current phase) then too,
-  and on every day while the agent has no plan of its own (the graders pay for one); free actions at the
-  head of the list; stop only in the last 20 days. The rest of the expert's decisions (memory chores and
-  waiting on ordinary days) are not recorded in SFT traces. Every candidate carries the hypothesis that matches the
-  observed world type (the reference exposes it; see quirk 6) so the model only chooses *what to do*.
+* Candidate actions (the ``index`` contract): every listed action is legal when it runs (budget, capacity, holds,
+  including a hold that the fixed calendar starts today, and consents that lapse at the start of today are
+  checked), ordered from most to least productive: allocate (the most urgent consent to every open site, best
+  success chance first; other consents to their best site), recontact (only patients that can still consent or
+  enrol), screen (every available patient), strategy changes (outreach, relaxed criteria, focus on the best site,
+  and one negotiation: with the site that most needs one, see :func:`negotiation_order`); memory (one ``site``
+  entry) only on hold days, when nothing productive is legal, or when spending would eat into the budget reserve
+  the grader rewards (free actions leave the state unchanged, and a weak policy that picks one in a normal state
+  loops on it); plans (screening, recovery) then too, and on every day while the agent has no plan
+  of its own (the graders pay for one); free actions at the head of the list; stop only in the last 20 days. The
+  rest of the expert's decisions (memory chores and waiting on ordinary days, a negotiation with another site than
+  the listed one) are not recorded in SFT traces. Every candidate carries the hypothesis that matches the observed
+  world type (the reference exposes it; see quirk 6) so the model only chooses *what to do*.
 * Safe fallback: the most productive legal candidate (the first that is neither free nor ``stop``), used when
   a model output cannot be parsed; such steps are counted as invalid by the rollout.
 * Reward components per step: the environment reward, enrolment gain, screening successes, dropouts,
@@ -31,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from env.core import ClinicalRecruitmentEnv
-from env.expert import p_allocate
+from env.expert import p_allocate, target_site
 from env.graders import BUDGET_RESERVE
 from env.models import ACTION_TYPES, validate_action
 from env.policies import get_policy, register_policy
@@ -43,7 +44,9 @@ WORLD_HYPOTHESIS = {"noise": "noise_dominant", "site_bias": "site_bias", "dropou
 SHAPING = {"allocate_to_site": 0.20, "recontact": 0.15, "screen_patient": 0.10}
 # Actions that do not move the campaign: the free ones (plan, memory) and stop; never the safe fallback's choice.
 PASSIVE_TYPES = frozenset({"plan_next_phase", "summarize_and_index", "retrieve_relevant_history", "stop_recruitment"})
-STRATEGIES = ("increase_outreach", "relax_criteria", "tighten_criteria")
+# Strategy changes listed every day. Tightening the criteria is left out: it only lowers eligibility, the expert
+# never uses it on any task, and a student that picked it by a slip of the index lost a screening day each time.
+STRATEGIES = ("increase_outreach", "relax_criteria")
 # One memory entry, keyed "site": its default payload snapshots the best site, and recalling "site" finds it.
 MEMORY_KEY = "site"
 STOP_WINDOW = 20  # days before the deadline from which stop_recruitment is listed
@@ -73,6 +76,26 @@ def allocation_chance(obs: Mapping[str, Any], patient: Mapping[str, Any], site_i
 def site_rank_key(stats: Mapping[str, float]) -> float:
     """Visible part of the environment's best-site score (capacity totals are not observable)."""
     return stats["conversion_rate"] * stats["retention_rate"] / max(1.0, stats["avg_wait_days"])
+
+
+def negotiation_order(obs: Mapping[str, Any]) -> list[str]:
+    """Site ids from the one that most needs a negotiation to the one that least does: the ones that still need
+    one first (conversion below 0.9, a wait above 2 days or under 3 places left), the target site (the focused
+    one, else the best) first among equals, then the poorest converter first. Only the first is listed.
+
+    With a negotiation per site (A, B, C...) a small model learnt "negotiate" as one position and kept
+    negotiating with a site the expert never asked for. Measured on the expert's own episodes (4 seeds per task),
+    the first site of this order is the one the expert negotiates with 100 / 67 / 100 % of the time on easy /
+    medium / hard (the fixed order's first: 100 / 27 / 0 %); medium's other third goes to the sites the grade's
+    site variety wants, which the allocations still reach.
+    """
+    sites = obs["site_performance"]
+    target = target_site(obs)
+
+    def settled(p: Mapping[str, float]) -> bool:
+        return p["conversion_rate"] >= 0.9 and p["avg_wait_days"] <= 2.0 and p["capacity_remaining"] >= 3
+
+    return sorted(sites, key=lambda sid: (settled(sites[sid]), sid != target, sites[sid]["conversion_rate"]))
 
 
 class ClinicalInterface:
@@ -201,7 +224,7 @@ class ClinicalInterface:
             best_site = max(sites, key=lambda sid: site_rank_key(sites[sid]), default=None)
             if len(sites) > 1 and obs["active_constraints"]["focused_site"] != best_site:
                 out.append(act("adjust_strategy", strategy_change=f"focus_{best_site}"))
-            out += [act("adjust_strategy", strategy_change=f"negotiate_{sid}") for sid in sites]
+            out.append(act("adjust_strategy", strategy_change=f"negotiate_{negotiation_order(obs)[0]}"))
         # Free actions (plan, memory) leave the state almost unchanged, so a weak policy that picks one where a
         # productive action exists can loop on it forever: list them only when nothing productive is legal,
         # screening is on hold (when the expert uses them too), or any productive action would eat into the
@@ -216,8 +239,10 @@ class ClinicalInterface:
         lean = budget - min(task.screening_cost, task.recontact_cost, task.enrollment_cost) < reserve
 
         def plans() -> list[dict[str, Any]]:
-            phase = obs["current_plan"].get("target_phase") or "screening"
-            return [act("plan_next_phase", target_phase=t) for t in dict.fromkeys(("screening", "recovery", phase))]
+            # The two phases the expert ever plans (before a screening window; recovery on medium's day 0). A plan
+            # of the current phase was listed too, never chosen by the expert, and taken by a student on a third
+            # of hard's days in place of the expert's recall.
+            return [act("plan_next_phase", target_phase=t) for t in ("screening", "recovery")]
 
         if hold or not productive or lean:
             free = []

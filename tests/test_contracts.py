@@ -168,3 +168,30 @@ def test_plans_are_offered_until_the_agent_has_its_own():
     kinds = [c["action_type"] for c in INTERFACE.candidate_actions(obs)]
     assert obs["current_plan"]["plan_id"].startswith("plan-")
     assert ("plan_next_phase" in kinds) == ("summarize_and_index" in kinds)
+
+
+def test_one_negotiation_is_listed_with_the_site_that_most_needs_one():
+    """With one negotiation per site the student learnt "negotiate" as one position, whatever site needed it."""
+    import copy
+
+    from env.agent import negotiation_order
+
+    env = ClinicalRecruitmentEnv("medium_bench")
+    obs, _ = env.reset(seed=0)
+    obs = copy.deepcopy(obs)
+    sites = obs["site_performance"]
+    assert list(sites) == ["site_A", "site_B", "site_C"]
+    sites["site_A"].update(conversion_rate=0.95, avg_wait_days=1.0, capacity_remaining=20)  # settled
+    sites["site_B"].update(conversion_rate=0.50, avg_wait_days=4.0)
+    sites["site_C"].update(conversion_rate=0.40, avg_wait_days=4.0)
+    obs["active_constraints"]["focused_site"] = None
+    # A is the best site, so the target, but settled: it goes last; of the two that need one, C converts worst.
+    assert negotiation_order(obs) == ["site_C", "site_B", "site_A"]
+    obs["active_constraints"]["focused_site"] = "site_B"  # a focused site is the target
+    assert negotiation_order(obs) == ["site_B", "site_C", "site_A"]
+    listed = [c["strategy_change"] for c in INTERFACE.candidate_actions(obs) if c["action_type"] == "adjust_strategy"]
+    assert [s for s in listed if s.startswith("negotiate_")] == ["negotiate_site_B"]
+    assert "tighten_criteria" not in listed and {"increase_outreach", "relax_criteria"} <= set(listed)
+    obs["active_constraints"]["focused_site"] = None
+    sites["site_A"]["avg_wait_days"] = 4.0  # the target needs one again: it heads the order
+    assert negotiation_order(obs) == ["site_A", "site_C", "site_B"]
