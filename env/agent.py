@@ -44,8 +44,8 @@ WORLD_HYPOTHESIS = {"noise": "noise_dominant", "site_bias": "site_bias", "dropou
 SHAPING = {"allocate_to_site": 0.20, "recontact": 0.15, "screen_patient": 0.10}
 # Actions that do not move the campaign: the free ones (plan, memory) and stop; never the safe fallback's choice.
 PASSIVE_TYPES = frozenset({"plan_next_phase", "summarize_and_index", "retrieve_relevant_history", "stop_recruitment"})
-# Strategy changes listed every day. Tightening the criteria is left out: it only lowers eligibility, the expert
-# never uses it on any task, and a student that picked it by a slip of the index lost a screening day each time.
+# Strategy changes listed every day. Tightening the criteria is left out: it lowers eligibility (its one other effect
+# is a small drop in uncertainty), the expert never uses it on any task, and students picked it by slips of the index.
 STRATEGIES = ("increase_outreach", "relax_criteria")
 # One memory entry, keyed "site": its default payload snapshots the best site, and recalling "site" finds it.
 MEMORY_KEY = "site"
