@@ -189,9 +189,16 @@ class Evaluator:
                     self._label(messages_of[i], candidates[i], taught, episodes[i], day)
                 new_obs, _, terminated, truncated, info = envs[i].step(parsed.action)
                 strict = parse_json_object(text)[0] is not None
-                self._record(logs[i], parsed.action, info, parsed_json=strict, valid=parsed.valid, taught=taught)
-                if self.trace is not None and not parsed.valid:  # what the model wrote, and why it was rejected
-                    self.trace[-1].update(error=parsed.error, text=text)
+                self._record(
+                    logs[i],
+                    parsed.action,
+                    info,
+                    parsed_json=strict,
+                    valid=parsed.valid,
+                    taught=taught,
+                    error=parsed.error,
+                    text=text,
+                )
                 recent[i].append(digest(self.interface, day, parsed.action, info))
                 obs[i] = new_obs
                 if terminated or truncated:
@@ -229,21 +236,32 @@ class Evaluator:
             trace_row(self.interface, messages, candidates, taught, self.config.contract, task, seed, day)
         )
 
-    def _record(self, log: EpisodeLog, action, info, parsed_json: bool | None, valid: bool, taught) -> None:
+    def _record(
+        self,
+        log: EpisodeLog,
+        action,
+        info,
+        parsed_json: bool | None,
+        valid: bool,
+        taught,
+        error: str | None = None,
+        text: str | None = None,
+    ) -> None:
         if self.trace is not None:
             describe = self.interface.describe_action
-            self.trace.append(
-                {
-                    "task": log.task,
-                    "seed": log.seed,
-                    "day": log.length,
-                    "action": describe(action),
-                    "teacher": describe(taught) if taught is not None else None,
-                    "match": same_action(action, taught) if taught is not None else None,
-                    "valid": bool(valid and not info.get("last_action_error")),
-                    "outcome": self.interface.outcome(info),
-                }
-            )
+            record = {
+                "task": log.task,
+                "seed": log.seed,
+                "day": log.length,
+                "action": describe(action),
+                "teacher": describe(taught) if taught is not None else None,
+                "match": same_action(action, taught) if taught is not None else None,
+                "valid": bool(valid and not info.get("last_action_error")),
+                "outcome": self.interface.outcome(info),
+            }
+            if error is not None:  # a model's answer the parser rejected: what it wrote, and why
+                record.update(error=error, text=text)
+            self.trace.append(record)
         log.length += 1
         log.decisions += 1
         log.action_types[self.interface.action_type(action)] += 1
