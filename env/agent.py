@@ -3,22 +3,23 @@
 This module implements :class:`recruit_trl.protocol.EnvInterface` for :class:`env.ClinicalRecruitmentEnv`
 and registers it as ``"clinical"``. It is the only place where the plugin meets clinical details.
 
-* Rendering: one short block per decision (day, budget, enrolment vs target, funnel, pressures, sites,
-  plan and memory, and a digest of the last actions). Patients appear in the candidate list with their
-  visible attributes, so nothing is shown twice.
+* Rendering: one short block per decision (day, budget, enrolment vs target, funnel, pressures, what the
+  fixed calendar still holds (see :func:`calendar_line`), sites, plan and memory, and a digest of the last
+  actions). Patients appear in the candidate list with their visible attributes, so nothing is shown twice.
 * Candidate actions (the ``index`` contract): every listed action is legal when it runs (budget, capacity, holds,
   including a hold that the fixed calendar starts today, and consents that lapse at the start of today are
   checked), ordered from most to least productive: allocate (the most urgent consent to every open site, best
   success chance first; other consents to their best site), recontact (only patients that can still consent or
-  enrol), screen (every available patient), strategy changes (outreach, relaxed criteria, focus on the best site,
-  and one negotiation: with the site that most needs one, see :func:`negotiation_order`); memory (one ``site``
-  entry) only on hold days, when nothing productive is legal, or when spending would eat into the budget reserve
-  the grader rewards (free actions leave the state unchanged, and a weak policy that picks one in a normal state
-  loops on it); plans (screening, recovery) then too, and on every day while the agent has no plan
-  of its own (the graders pay for one); free actions at the head of the list; stop only in the last 20 days. The
-  rest of the expert's decisions (memory chores and waiting on ordinary days, a negotiation with another site than
-  the listed one) are not recorded in SFT traces. Every candidate carries the hypothesis that matches the observed
-  world type (the reference exposes it; see quirk 6) so the model only chooses *what to do*.
+  enrol), screen (every available patient), strategy changes (outreach, relaxed criteria, a focus on the best site
+  unless it has it, then one negotiation: with the site that most needs one, see :func:`negotiation_order`);
+  memory (one ``site`` entry) only on hold days, when nothing productive is legal, or when spending would eat
+  into the budget reserve the grader rewards (free actions leave the state unchanged, and a weak policy that
+  picks one in a normal state loops on it); plans (screening, recovery) then too, and on every day while the
+  agent has no plan of its own (the graders pay for one); free actions at the head of the list; stop only in
+  the last 20 days. The rest of the expert's decisions (memory chores and waiting on ordinary days, a
+  negotiation with another site than the listed one) are not recorded in SFT traces. Every candidate carries
+  the hypothesis that matches the observed world type (the reference exposes it; see quirk 6) so the model
+  only chooses *what to do*.
 * Safe fallback: the most productive legal candidate (the first that is neither free nor ``stop``), used when
   a model output cannot be parsed; such steps are counted as invalid by the rollout.
 * Reward components per step: the environment reward, enrolment gain, screening successes, dropouts,
@@ -37,7 +38,7 @@ from env.graders import BUDGET_RESERVE
 from env.models import ACTION_TYPES, validate_action
 from env.policies import get_policy, register_policy
 from env.tasks import PUBLIC_TASK_IDS, get_task
-from env.world import hold_days
+from env.world import curriculum_windows, hold_days, scheduled_dropout_days
 from recruit_trl.protocol import register_env
 
 WORLD_HYPOTHESIS = {"noise": "noise_dominant", "site_bias": "site_bias", "dropout": "dropout_dominant"}
@@ -76,6 +77,23 @@ def allocation_chance(obs: Mapping[str, Any], patient: Mapping[str, Any], site_i
 def site_rank_key(stats: Mapping[str, float]) -> float:
     """Visible part of the environment's best-site score (capacity totals are not observable)."""
     return stats["conversion_rate"] * stats["retention_rate"] / max(1.0, stats["avg_wait_days"])
+
+
+def calendar_line(task_id: str, day: int) -> str:
+    """What the task's fixed calendar (the same for every reset seed, published in the spec) holds after ``day``:
+    the scheduled dropouts still to come and the current or next curriculum window.
+
+    Each scheduled dropout deletes an enrolled patient, so when to enrol is decided by the calendar: the expert
+    enrols on medium only after the last one and on hard from the fifth last, and screens on hard inside the
+    curriculum windows. Without this line a student saw none of it and enrolled early on hard, where nearly every
+    patient it enrolled was deleted again (0.6 net against the expert's 4.2).
+    """
+    ahead = [d for d in scheduled_dropout_days(task_id) if d > day]
+    text = f"Calendar: dropouts ahead {len(ahead)}" + (f" next d{ahead[0]}" if ahead else "")
+    window = next(((first, last) for first, last in curriculum_windows(task_id) if last >= day), None)
+    if window is not None:
+        text += f" | curriculum d{window[0]}-{window[1]}" + (" now" if window[0] <= day else "")
+    return text
 
 
 def negotiation_order(obs: Mapping[str, Any]) -> list[str]:
@@ -141,6 +159,7 @@ class ClinicalInterface:
             f"Hold {c['regulatory_hold_days']} | competitor {_dec(c['competitor_pressure'])} | sentiment "
             f"{_dec(c['sentiment_pressure'])} | uncertainty {_dec(obs['uncertainty_level'])} | dropout7d "
             f"{_dec(obs['dropout_rate_7d'])}",
+            calendar_line(obs["task_id"], obs["timestamp"]),
             f"Sites: {sites}",
             f"Plan {obs['current_plan'].get('target_phase', 'none')} | milestone {obs['active_milestone']} | "
             f"memory {obs['indexed_memory_summary']['entries']}",

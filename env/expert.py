@@ -124,7 +124,7 @@ from env.core import ClinicalRecruitmentEnv
 from env.graders import BUDGET_RESERVE, grade
 from env.policies import register_policy
 from env.tasks import TaskSpec, get_task
-from env.world import get_world, hold_days_of
+from env.world import curriculum_windows, get_world, hold_days_of, scheduled_dropout_days
 
 Obs = Mapping[str, Any]
 Action = dict[str, Any]
@@ -262,8 +262,8 @@ def task_facts(task_id: str, mode: str = "score", early_stop: bool = True) -> Ta
         knobs.update(NO_STOP_TUNING.get((base, mode), {}), stop_before_dropout=0)
     score = mode == "score"
     blocked = hold_days_of(events, horizon)
-    dropout_days = tuple(d for d in sorted(events) if d < horizon and "patient_dropout" in events[d])
-    windows = [(s, min(s + dur, horizon - 1)) for s, dur in task.curriculum]
+    dropout_days = scheduled_dropout_days(task.task_id)
+    windows = curriculum_windows(task.task_id)
     curriculum = frozenset(d for s, e in windows for d in range(s, e + 1))
 
     back = knobs["enrol_after_dropout"]

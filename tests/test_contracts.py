@@ -195,3 +195,24 @@ def test_one_negotiation_is_listed_with_the_site_that_most_needs_one():
     obs["active_constraints"]["focused_site"] = None
     sites["site_A"]["avg_wait_days"] = 4.0  # the target needs one again: it heads the order
     assert negotiation_order(obs) == ["site_A", "site_C", "site_B"]
+
+
+def test_the_prompt_shows_what_the_fixed_calendar_holds_after_today():
+    """Scheduled dropouts decide when enrolling pays; the prompt shows those still ahead and the curriculum."""
+    from env.agent import calendar_line
+    from env.world import scheduled_dropout_days
+
+    hard = scheduled_dropout_days("hard_bench")
+    assert len(hard) == 21 and hard[-5:] == (137, 152, 163, 167, 173)  # spec: 21 scheduled dropouts on hard
+    assert scheduled_dropout_days("medium_bench")[-1] == 107
+    # A dropout of the decision's own day fires before its action, so it is no longer ahead.
+    assert calendar_line("hard_bench", 137) == "Calendar: dropouts ahead 4 next d152 | curriculum d140-152"
+    assert calendar_line("hard_bench", 140) == "Calendar: dropouts ahead 4 next d152 | curriculum d140-152 now"
+    assert calendar_line("hard_bench", 175) == "Calendar: dropouts ahead 0"
+    assert calendar_line("medium_bench", 106) == "Calendar: dropouts ahead 1 next d107"
+    assert calendar_line("medium_bench", 107) == "Calendar: dropouts ahead 0"
+    # A stage task keeps the calendar's first days only.
+    assert calendar_line("hard_bench_stage_30", 0) == "Calendar: dropouts ahead 2 next d18 | curriculum d25-29"
+    env = ClinicalRecruitmentEnv("hard_bench")
+    obs, _ = env.reset(seed=0)
+    assert calendar_line("hard_bench", 0) in INTERFACE.render(obs, [])
