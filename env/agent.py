@@ -10,8 +10,8 @@ and registers it as ``"clinical"``. It is the only place where the plugin meets 
   including a hold that the fixed calendar starts today, and consents that lapse at the start of today are
   checked), ordered from most to least productive: allocate (the most urgent consent to every open site, best
   success chance first; other consents to their best site), recontact (only patients that can still consent or
-  enrol), screen (every available patient), strategy changes (outreach, relaxed criteria, one negotiation: with
-  the site that most needs one, see :func:`negotiation_order`; then a focus on the best site unless it has it);
+  enrol), screen (every available patient), strategy changes (outreach, relaxed criteria, a focus on the best site
+  unless it has it, then one negotiation: with the site that most needs one, see :func:`negotiation_order`);
   memory (one ``site`` entry) only on hold days, when nothing productive is legal, or when spending would eat
   into the budget reserve the grader rewards (free actions leave the state unchanged, and a weak policy that
   picks one in a normal state loops on it); plans (screening, recovery) then too, and on every day while the
@@ -239,13 +239,11 @@ class ClinicalInterface:
         if not hold and budget >= task.screening_cost:
             out += [act("screen_patient", patient_id=p["id"]) for p in obs["available_patients"]]
         if budget >= task.strategy_cost:
-            # The negotiation, listed every day, comes before the focus, which is not: with the focus first a student
-            # that wanted the negotiation answered one past the end of the list on days without a focus line.
             out += [act("adjust_strategy", strategy_change=s) for s in STRATEGIES]
-            out.append(act("adjust_strategy", strategy_change=f"negotiate_{negotiation_order(obs)[0]}"))
             best_site = max(sites, key=lambda sid: site_rank_key(sites[sid]), default=None)
             if len(sites) > 1 and obs["active_constraints"]["focused_site"] != best_site:
                 out.append(act("adjust_strategy", strategy_change=f"focus_{best_site}"))
+            out.append(act("adjust_strategy", strategy_change=f"negotiate_{negotiation_order(obs)[0]}"))
         # Free actions (plan, memory) leave the state almost unchanged, so a weak policy that picks one where a
         # productive action exists can loop on it forever: list them only when nothing productive is legal,
         # screening is on hold (when the expert uses them too), or any productive action would eat into the

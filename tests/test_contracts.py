@@ -192,9 +192,6 @@ def test_one_negotiation_is_listed_with_the_site_that_most_needs_one():
     listed = [c["strategy_change"] for c in INTERFACE.candidate_actions(obs) if c["action_type"] == "adjust_strategy"]
     assert [s for s in listed if s.startswith("negotiate_")] == ["negotiate_site_B"]
     assert "tighten_criteria" not in listed and {"increase_outreach", "relax_criteria"} <= set(listed)
-    # Lines listed every day first, the optional focus last: a student answered one past the end for the
-    # negotiation on days without a focus line when the focus came before it.
-    assert listed == ["increase_outreach", "relax_criteria", "negotiate_site_B", "focus_site_A"]
     obs["active_constraints"]["focused_site"] = None
     sites["site_A"]["avg_wait_days"] = 4.0  # the target needs one again: it heads the order
     assert negotiation_order(obs) == ["site_A", "site_C", "site_B"]
