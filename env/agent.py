@@ -12,14 +12,14 @@ and registers it as ``"clinical"``. It is the only place where the plugin meets 
   success chance first; other consents to their best site), recontact (only patients that can still consent or
   enrol), screen (every available patient), strategy changes (outreach, relaxed criteria, a focus on the best site
   unless it has it, then one negotiation: with the site that most needs one, see :func:`negotiation_order`);
-  recalling memory (the way to wait) on every day once there is a memory; saving it (one ``site`` entry) only on
-  hold days, when nothing productive is legal, or when spending would eat into the budget reserve the grader
-  rewards (free actions leave the state unchanged, and a weak policy that picks one in a normal state loops on
-  it); plans (screening, recovery) then too, and on every day while the agent has no plan of its own (the
-  graders pay for one); free actions at the head of the list; stop only in the last 20 days. The rest of the
-  expert's decisions (memory chores on ordinary days, a negotiation with another site than the listed one) are
-  not recorded in SFT traces. Every candidate carries the hypothesis that matches the observed world type (the
-  reference exposes it; see quirk 6) so the model only chooses *what to do*.
+  memory (one ``site`` entry) only on hold days, when nothing productive is legal, or when spending would eat
+  into the budget reserve the grader rewards (free actions leave the state unchanged, and a weak policy that
+  picks one in a normal state loops on it); plans (screening, recovery) then too, and on every day while the
+  agent has no plan of its own (the graders pay for one); free actions at the head of the list; stop only in
+  the last 20 days. The rest of the expert's decisions (memory chores and waiting on ordinary days, a
+  negotiation with another site than the listed one) are not recorded in SFT traces. Every candidate carries
+  the hypothesis that matches the observed world type (the reference exposes it; see quirk 6) so the model
+  only chooses *what to do*.
 * Safe fallback: the most productive legal candidate (the first that is neither free nor ``stop``), used when
   a model output cannot be parsed; such steps are counted as invalid by the rollout.
 * Reward components per step: the environment reward, enrolment gain, screening successes, dropouts,
@@ -244,19 +244,15 @@ class ClinicalInterface:
             if len(sites) > 1 and obs["active_constraints"]["focused_site"] != best_site:
                 out.append(act("adjust_strategy", strategy_change=f"focus_{best_site}"))
             out.append(act("adjust_strategy", strategy_change=f"negotiate_{negotiation_order(obs)[0]}"))
-        # Free actions (plan, memory) leave the state almost unchanged. Recalling memory is the way to wait, and it
-        # is listed every day (once there is a memory): the expert waits on 24 % of medium's days and 44 % of hard's,
-        # most of them days with a productive action (it keeps consents for after the scheduled dropouts and screens
-        # inside the curriculum windows); listed only on idle days, those waits were never SFT rows and a student
-        # that could not wait negotiated or enrolled patients the calendar then deleted. The other free actions are
-        # listed only when nothing productive is legal, screening is on hold (when the expert uses them too), or any
-        # productive action would eat into the budget the grader wants kept, since a weak policy that picks one
-        # where a productive action exists can loop on it. Plans are the exception: while the agent has no plan of
-        # its own they are always listed, because the graders pay for one (plan follow-through: 5 % of medium's
-        # grade, which a student that could never plan on a productive day lost entirely) and a plan of its own
-        # removes them again (the environment lets it lapse after 24 days). Free actions come first, at fixed
-        # positions (recall, save, plans), because a small model finds an action by its index more easily at the
-        # head of a list whose length varies than at its tail.
+        # Free actions (plan, memory) leave the state almost unchanged, so a weak policy that picks one where a
+        # productive action exists can loop on it forever: list them only when nothing productive is legal,
+        # screening is on hold (when the expert uses them too), or any productive action would eat into the
+        # budget the grader wants kept (a policy that cannot wait otherwise spends everything). Plans are the
+        # exception: while the agent has no plan of its own they are always listed, because the graders pay for
+        # one (plan follow-through: 5 % of medium's grade, which a student that could never plan on a productive
+        # day lost entirely) and a plan of its own removes them again (the environment lets it lapse after 24 days).
+        # Free actions come first, at fixed positions (recall, save, plans), because a small model finds an action
+        # by its index more easily at the head of a list whose length varies than at its tail.
         productive = any(a["action_type"] in SHAPING for a in out)
         reserve = BUDGET_RESERVE.get(task.base_task, 0.0) * obs["initial_budget"]
         lean = budget - min(task.screening_cost, task.recontact_cost, task.enrollment_cost) < reserve
@@ -267,15 +263,14 @@ class ClinicalInterface:
             # of hard's days in place of the expert's recall.
             return [act("plan_next_phase", target_phase=t) for t in ("screening", "recovery")]
 
-        wait = []
-        if obs["indexed_memory_summary"]["entries"]:
-            wait.append(act("retrieve_relevant_history", memory_query=MEMORY_KEY))
         if hold or not productive or lean:
-            out = wait + [act("summarize_and_index", memory_key=MEMORY_KEY)] + plans() + out
+            free = []
+            if obs["indexed_memory_summary"]["entries"]:
+                free.append(act("retrieve_relevant_history", memory_query=MEMORY_KEY))
+            free.append(act("summarize_and_index", memory_key=MEMORY_KEY))
+            out = free + plans() + out
         elif not str(obs["current_plan"].get("plan_id", "")).startswith("plan-"):
-            out = wait + plans() + out  # no plan of the agent's own (none, or the environment's autoplan): offer one
-        else:
-            out = wait + out
+            out = plans() + out  # no plan of the agent's own (none, or the environment's autoplan): offer to make one
         if obs["time_to_deadline_days"] <= STOP_WINDOW:  # stopping early is never worth it before the endgame
             progress = obs["enrolled_so_far"] / max(1, obs["target_enrollment"])
             out.append(act("stop_recruitment", confidence=round(min(1.0, progress), 3)))

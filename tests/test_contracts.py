@@ -216,26 +216,3 @@ def test_the_prompt_shows_what_the_fixed_calendar_holds_after_today():
     env = ClinicalRecruitmentEnv("hard_bench")
     obs, _ = env.reset(seed=0)
     assert calendar_line("hard_bench", 0) in INTERFACE.render(obs, [])
-
-
-def test_waiting_is_listed_every_day_once_there_is_a_memory():
-    """The expert waits (recalls memory) on many productive days of hard; each of those must be a listed answer."""
-    import random
-
-    from env.expert import ExpertPolicy
-    from recruit_trl.traces import match_candidate
-
-    env = ClinicalRecruitmentEnv("hard_bench")
-    obs, _ = env.reset(seed=0)
-    expert, rng = ExpertPolicy(), random.Random(0)
-    productive_waits = 0
-    for _ in range(60):
-        candidates = INTERFACE.candidate_actions(obs)
-        kinds = [c["action_type"] for c in candidates]
-        assert ("retrieve_relevant_history" in kinds) == bool(obs["indexed_memory_summary"]["entries"])
-        action = expert.act(env, rng=rng, obs=obs)
-        if action["action_type"] == "retrieve_relevant_history":
-            assert match_candidate(action, candidates) == 0
-            productive_waits += any(k in ("screen_patient", "recontact", "allocate_to_site") for k in kinds)
-        obs, *_ = env.step(action)
-    assert productive_waits > 10
