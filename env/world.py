@@ -135,15 +135,18 @@ def hold_days(task_id: str) -> frozenset[int]:
 
 @functools.cache
 def scheduled_dropout_days(task_id: str) -> tuple[int, ...]:
-    """Days of a task's fixed calendar with a ``patient_dropout`` event (each deletes an enrolled patient)."""
-    events, horizon = get_world(task_id).events, get_task(task_id).max_steps
-    return tuple(day for day in sorted(events) if day < horizon and "patient_dropout" in events[day])
+    """Days of a task's fixed calendar with a ``patient_dropout`` event (each deletes an enrolled patient).
+
+    The world's calendar holds only days inside the task's horizon (:func:`get_world`), so none is filtered here.
+    """
+    events = get_world(task_id).events
+    return tuple(day for day in sorted(events) if "patient_dropout" in events[day])
 
 
 def curriculum_windows(task_id: str) -> tuple[tuple[int, int], ...]:
-    """A task's curriculum windows as ``(first, last)`` days, both in curriculum (spec 3.4), clipped to the horizon."""
-    task = get_task(task_id)
-    return tuple((start, min(start + duration, task.max_steps - 1)) for start, duration in task.curriculum)
+    """A task's curriculum windows as ``(first, last)`` days, both in curriculum (spec 3.4); a stage task's windows
+    are already clipped to its horizon (:func:`env.tasks.stage_task`)."""
+    return tuple((start, start + duration) for start, duration in get_task(task_id).curriculum)
 
 
 @functools.cache
