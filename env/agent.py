@@ -20,11 +20,6 @@ and registers it as ``"clinical"``. It is the only place where the plugin meets 
   negotiation with another site than the listed one) are not recorded in SFT traces. Every candidate carries
   the hypothesis that matches the observed world type (the reference exposes it; see quirk 6) so the model
   only chooses *what to do*.
-* Candidate numbers (:meth:`ClinicalInterface.candidate_labels`): two digits, the first one the kind (1 free,
-  2 allocate, 3 recontact, 4 screen, 5 strategy, 6 stop), the second its place within the kind; the free actions
-  and strategies keep one number each (``53`` is always the negotiation). Numbered 0, 1, 2... down the list, a
-  small student had to count lines, and missed: nearly every answer it got wrong was one past the end of the list,
-  where the negotiation sits after a focus line that is listed on some days only.
 * Safe fallback: the most productive legal candidate (the first that is neither free nor ``stop``), used when
   a model output cannot be parsed; such steps are counted as invalid by the rollout.
 * Reward components per step: the environment reward, enrolment gain, screening successes, dropouts,
@@ -55,25 +50,6 @@ PASSIVE_TYPES = frozenset({"plan_next_phase", "summarize_and_index", "retrieve_r
 STRATEGIES = ("increase_outreach", "relax_criteria")
 # One memory entry, keyed "site": its default payload snapshots the best site, and recalling "site" finds it.
 MEMORY_KEY = "site"
-# Candidate numbers (see candidate_labels): the tens digit says the kind, the units digit the place within it.
-LABEL_BLOCKS = {
-    "retrieve_relevant_history": 10,
-    "summarize_and_index": 11,
-    "plan_next_phase": 12,
-    "allocate_to_site": 20,
-    "recontact": 30,
-    "screen_patient": 40,
-    "adjust_strategy": 50,
-    "stop_recruitment": 60,
-}
-FIXED_LABELS = {  # actions that always keep one number: (action_type, argument prefix) -> label
-    ("plan_next_phase", "screening"): 12,
-    ("plan_next_phase", "recovery"): 13,
-    ("adjust_strategy", "increase_outreach"): 50,
-    ("adjust_strategy", "relax_criteria"): 51,
-    ("adjust_strategy", "focus_"): 52,
-    ("adjust_strategy", "negotiate_"): 53,
-}
 STOP_WINDOW = 20  # days before the deadline from which stop_recruitment is listed
 MAX_LISTED = 3  # patients listed per action kind (the observation shows up to 5): keeps prompts under ~400 tokens
 REWARD_FIELDS = (
@@ -300,22 +276,6 @@ class ClinicalInterface:
             progress = obs["enrolled_so_far"] / max(1, obs["target_enrollment"])
             out.append(act("stop_recruitment", confidence=round(min(1.0, progress), 3)))
         return out
-
-    def candidate_labels(self, obs: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> list[int]:
-        """The number each candidate is listed under: ``LABEL_BLOCKS`` gives the kind's tens, ``FIXED_LABELS``
-        the fixed numbers (plans, strategies); patients are numbered within their kind in list order (at most
-        seven allocations, three recontacts, five screens, so a kind never runs into the next)."""
-        labels: list[int] = []
-        used: dict[str, int] = {}
-        for action in candidates:
-            kind = str(action.get("action_type"))
-            argument = str(action.get("target_phase") or action.get("strategy_change") or "")
-            fixed = next((k for (t, p), k in FIXED_LABELS.items() if t == kind and argument.startswith(p)), None)
-            if fixed is None:
-                fixed = LABEL_BLOCKS[kind] + used.get(kind, 0)
-                used[kind] = used.get(kind, 0) + 1
-            labels.append(fixed)
-        return labels
 
     def validate_action(self, payload: Mapping[str, Any], obs: Mapping[str, Any]) -> dict[str, Any]:
         return validate_action(dict(payload))

@@ -167,7 +167,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
             length_buckets=script_args.length_buckets,
             model=model if model is not None else model_path,
             args=args,
-            train_dataset=data.remove_columns(["task", "seed", "day", "action_type", "candidate_types", "candidate_labels"]),
+            train_dataset=data.remove_columns(["task", "seed", "day", "action_type", "candidate_types"]),
             processing_class=tokenizer,
             peft_config=get_peft_config(model_args) if model is None else None,
         )

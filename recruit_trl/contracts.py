@@ -2,17 +2,14 @@
 
 Two contracts:
 
-* ``index`` (default): the prompt lists the legal candidate actions with full arguments, each under a number
-  (its label), and the model answers ``{"action_index": k}``. Cheap (a handful of tokens) and always legal once
-  parsed. Labels are the positions 0, 1, 2... unless the interface numbers its candidates itself
-  (``candidate_labels``, see :func:`candidate_labels`), e.g. by kind, so that one kind of action keeps its number
-  from day to day and a small model need not count lines to find it.
+* ``index`` (default): the prompt lists the legal candidate actions with full arguments, numbered from 0,
+  and the model answers ``{"action_index": k}``. Cheap (a handful of tokens) and always legal once parsed.
 * ``json``: the model writes the environment's own action object (e.g. the reference's
   ``{"action_type": "screen_patient", "patient_id": "P-1149", ...}``), validated by the environment.
 
 Parsing is strict: after stripping surrounding whitespace the text must be exactly one JSON object (no
 prose, no second object, no duplicate keys) that passes the schema (index: only the key ``action_index``
-holding one of the listed labels). Anything else is *never* an exception: :func:`parse_action` returns the
+holding an int in range). Anything else is *never* an exception: :func:`parse_action` returns the
 fallback policy's action with ``valid=False`` and a short reason, and the rollout counts and logs it.
 """
 
@@ -84,37 +81,8 @@ def parse_json_object(text: str) -> tuple[dict[str, Any] | None, str | None]:
     return obj, None
 
 
-def candidate_labels(interface: EnvInterface, obs: Observation, candidates: Sequence[Action]) -> list[int]:
-    """The numbers the prompt shows for ``candidates``: the interface's ``candidate_labels(obs, candidates)`` when
-    it has one, else the positions ``0..n-1``.
-
-    Raises:
-        ValueError: when the interface's labels are not one distinct non-negative int per candidate (a bug in the
-            interface, not in model output).
-    """
-    labeller = getattr(interface, "candidate_labels", None)
-    if labeller is None:
-        return list(range(len(candidates)))
-    labels = list(labeller(obs, candidates))
-    if (
-        len(labels) != len(candidates)
-        or len(set(labels)) != len(labels)
-        or any(type(k) is not int or k < 0 for k in labels)
-    ):
-        raise ValueError(
-            f"{type(interface).__name__}.candidate_labels must give one distinct non-negative int per candidate; "
-            f"got {labels} for {len(candidates)} candidates"
-        )
-    return labels
-
-
-def parse_index(text: str, labels: int | Sequence[int]) -> tuple[int | None, str | None]:
-    """Parse ``{"action_index": k}`` with ``k`` one of ``labels`` (an int ``n`` stands for ``0..n-1``).
-
-    Returns:
-        ``(position, None)``, the chosen candidate's position in the list, or ``(None, reason)``; a number that
-        is not listed is ``index_out_of_range``.
-    """
+def parse_index(text: str, n_candidates: int) -> tuple[int | None, str | None]:
+    """Parse ``{"action_index": k}`` with ``0 <= k < n_candidates``; returns ``(k, None)`` or ``(None, reason)``."""
     obj, error = parse_json_object(text)
     if obj is None:
         return None, error
@@ -123,17 +91,9 @@ def parse_index(text: str, labels: int | Sequence[int]) -> tuple[int | None, str
     k = obj["action_index"]
     if type(k) is not int:
         return None, "index_not_int"
-    position = (k if 0 <= k < labels else None) if isinstance(labels, int) else _position(labels, k)
-    if position is None:
+    if not 0 <= k < n_candidates:
         return None, "index_out_of_range"
-    return position, None
-
-
-def _position(labels: Sequence[int], k: int) -> int | None:
-    try:
-        return list(labels).index(k)
-    except ValueError:
-        return None
+    return k, None
 
 
 def parse_action(
@@ -146,7 +106,7 @@ def parse_action(
     """Turn model text into an action under ``contract``; never raises on bad model output."""
     if contract == "index":
         candidates = interface.candidate_actions(obs) if candidates is None else candidates
-        k, error = parse_index(text, candidate_labels(interface, obs, candidates))
+        k, error = parse_index(text, len(candidates))
         if k is None:
             return ParsedAction(interface.fallback_action(obs), False, error)
         return ParsedAction(candidates[k], True, None, k)
@@ -162,13 +122,8 @@ def parse_action(
     raise ValueError(f"Unknown action contract {contract!r}; expected one of {CONTRACTS}")
 
 
-def completion_text(
-    action: Action, contract: str, candidates: Sequence[Action], labels: Sequence[int] | None = None
-) -> str:
+def completion_text(action: Action, contract: str, candidates: Sequence[Action]) -> str:
     """The exact text a model should write to take ``action`` (SFT targets, tests).
-
-    Args:
-        labels: the candidates' numbers in the prompt (:func:`candidate_labels`); default: their positions.
 
     Raises:
         ValueError: for the index contract when ``action`` is not among ``candidates``.
@@ -178,7 +133,7 @@ def completion_text(
             k = list(candidates).index(action)
         except ValueError:
             raise ValueError(f"action {action} is not a listed candidate") from None
-        return json.dumps({"action_index": k if labels is None else labels[k]})
+        return json.dumps({"action_index": k})
     if contract == "json":
         return json.dumps({k: v for k, v in action.items() if v is not None})
     raise ValueError(f"Unknown action contract {contract!r}; expected one of {CONTRACTS}")
@@ -198,8 +153,7 @@ def build_messages(
     user = interface.render(obs, recent)
     if contract == "index":
         candidates = interface.candidate_actions(obs) if candidates is None else candidates
-        labels = candidate_labels(interface, obs, candidates)
-        listing = "\n".join(f"{k}: {interface.describe_action(a, obs)}" for k, a in zip(labels, candidates, strict=True))
+        listing = "\n".join(f"{k}: {interface.describe_action(a, obs)}" for k, a in enumerate(candidates))
         user = f"{user}\nActions:\n{listing}"
     return [
         {"role": "system", "content": f"{interface.system_prompt}\n{instructions}"},

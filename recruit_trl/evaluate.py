@@ -36,15 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from recruit_trl.anchors import AnchorState
-from recruit_trl.contracts import (
-    CONTRACTS,
-    MAX_NEW_TOKENS,
-    build_messages,
-    candidate_labels,
-    digest,
-    parse_action,
-    parse_json_object,
-)
+from recruit_trl.contracts import CONTRACTS, MAX_NEW_TOKENS, build_messages, digest, parse_action, parse_json_object
 from recruit_trl.protocol import EnvInterface, get_env_interface
 from recruit_trl.traces import match_candidate, same_action, trace_row
 
@@ -194,7 +186,7 @@ class Evaluator:
                 taught = self._teacher_action(envs[i], obs[i], rngs[i])
                 day = logs[i].length
                 if self.labelled_rows is not None and taught is not None:
-                    self._label(messages_of[i], obs[i], candidates[i], taught, episodes[i], day)
+                    self._label(messages_of[i], candidates[i], taught, episodes[i], day)
                 new_obs, _, terminated, truncated, info = envs[i].step(parsed.action)
                 strict = parse_json_object(text)[0] is not None
                 self._record(
@@ -233,16 +225,15 @@ class Evaluator:
                 state = AnchorState(envs[i].snapshot(), obs[i], kept, False, day)
                 self.captured[(logs[i].task, logs[i].seed, day)] = state
 
-    def _label(self, messages, obs, candidates, taught, episode: tuple[str, int], day: int) -> None:
+    def _label(self, messages, candidates, taught, episode: tuple[str, int], day: int) -> None:
         if self.config.contract == "index":
             k = match_candidate(taught, candidates)
             if k is None:
                 return  # the teacher's action is not listed: nothing the model could answer
             taught = candidates[k]
         task, seed = episode
-        labels = candidate_labels(self.interface, obs, candidates)
         self.labelled_rows.append(
-            trace_row(self.interface, messages, candidates, taught, self.config.contract, task, seed, day, labels)
+            trace_row(self.interface, messages, candidates, taught, self.config.contract, task, seed, day)
         )
 
     def _record(

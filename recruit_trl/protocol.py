@@ -116,9 +116,6 @@ class EnvInterface(Protocol):
 
     # Optional (looked up with getattr): the weighted parts of the finished episode's final grade, for reports.
     # def score_terms(self, env: MultiStepEnv) -> Mapping[str, float] | None: ...
-    # Optional: the number each candidate is listed under in the ``index`` contract (one distinct int >= 0 each;
-    # default: the positions 0, 1, 2...), e.g. a fixed number per kind of action, see ``env.agent``.
-    # def candidate_labels(self, obs: Observation, candidates: Sequence[Action]) -> Sequence[int]: ...
 
 
 _REGISTRY: dict[str, EnvInterface | Callable[[], EnvInterface]] = {}

@@ -76,7 +76,6 @@ def to_conversational(rows: Sequence[dict[str, Any]]):
                 "day": r["day"],
                 "action_type": r["action_type"],
                 "candidate_types": r["candidate_types"],
-                "candidate_labels": r.get("candidate_labels", list(range(len(r["candidate_types"])))),
             }
             for r in rows
         ]
@@ -213,7 +212,7 @@ def heldout_report(
         strict += int(obj is not None)
         predicted = None
         if contract == "index":
-            k, _ = parse_index(text, row.get("candidate_labels") or len(row["candidate_types"]))
+            k, _ = parse_index(text, len(row["candidate_types"]))
             predicted = row["candidate_types"][k] if k is not None else None
         elif obj is not None and interface is not None:
             try:

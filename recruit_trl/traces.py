@@ -1,7 +1,7 @@
 """Teacher traces: episodes played by a policy, rendered exactly as the rollouts render prompts.
 
 Each row is ``{"messages": [system, user], "completion": text, "task", "seed", "day", "action_type",
-"candidate_types", "candidate_labels"}`` (the listed candidates' action types and numbers, in order) where
+"candidate_types"}`` (the listed candidates' action types, in order) where
 ``completion`` is the answer under the action contract that takes the teacher's action. The same rows
 warm up the tiny offline model and feed the SFT warm start, so the model sees the RL prompt format from
 its first step.
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from recruit_trl.contracts import build_messages, candidate_labels, completion_text, digest
+from recruit_trl.contracts import build_messages, completion_text, digest
 from recruit_trl.protocol import Action, EnvInterface, Observation
 
 MATCH_FIELDS = (
@@ -71,21 +71,17 @@ def trace_row(
     task: str,
     seed: int,
     day: int,
-    labels: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """One trace row: the prompt ``messages`` and the answer that takes ``action`` under ``contract`` (for the index
-    contract ``action`` must be one of ``candidates``, e.g. ``candidates[match_candidate(...)]``, and ``labels``
-    are the numbers the prompt shows for them, :func:`recruit_trl.contracts.candidate_labels`)."""
-    labels = list(range(len(candidates))) if labels is None else list(labels)
+    contract ``action`` must be one of ``candidates``, e.g. ``candidates[match_candidate(...)]``)."""
     return {
         "messages": messages,
-        "completion": completion_text(action, contract, candidates, labels),
+        "completion": completion_text(action, contract, candidates),
         "task": task,
         "seed": seed,
         "day": day,
         "action_type": interface.action_type(action),
         "candidate_types": [interface.action_type(c) for c in candidates],
-        "candidate_labels": labels,
     }
 
 
@@ -168,8 +164,7 @@ def collect_traces(
                     shown = recent[len(recent) - recent_k :] if recent_k > 0 else []
                     messages = build_messages(interface, obs, shown, contract, candidates)
                     label = action if contract == "json" else candidates[k]
-                    labels = candidate_labels(interface, obs, candidates)
-                    rows.append(trace_row(interface, messages, candidates, label, contract, task, seed, day, labels))
+                    rows.append(trace_row(interface, messages, candidates, label, contract, task, seed, day))
                     stats.recorded += 1
                     kind = interface.action_type(action)
                     stats.action_types[kind] = stats.action_types.get(kind, 0) + 1

@@ -31,7 +31,7 @@ DEFAULT_REWARDS = ("final_score_reward", "format_reward")
 DEFAULT_REWARD_WEIGHTS = [1.0, 0.5]
 # Bump when the environment's prompt rendering changes: the cached tiny model was warmed on the old text. The cache
 # key also carries prompt_fingerprint(), which catches changes to the rendering or the candidate lists by itself.
-RENDER_VERSION = "render-7"
+RENDER_VERSION = "render-6"
 
 
 def parse_int_ranges(spec: str) -> list[int]:

@@ -85,7 +85,7 @@ def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
     recipe = load("sft_clinical")
     interface = env.agent.CLINICAL
     train, _, _ = build_sft_datasets(interface, ["hard_bench_stage_30"], [1], [2], teacher="safe")
-    train = train.remove_columns(["task", "seed", "day", "action_type", "candidate_types", "candidate_labels"]).select(range(8))
+    train = train.remove_columns(["task", "seed", "day", "action_type", "candidate_types"]).select(range(8))
     args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", max_length=1024)
     losses = []
     for model_loss in (False, True):

@@ -14,7 +14,6 @@ import env.agent  # noqa: F401
 import recruit_trl.rollout as rollout_mod
 from env import ACTION_TYPES
 from recruit_trl.anchors import Anchor
-from recruit_trl.contracts import candidate_labels, parse_action
 from recruit_trl.models import build_tokenizer
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout import BranchRollout, RolloutConfig, WindowRollout, env_turn_template, make_rollout
@@ -55,7 +54,7 @@ def run(rollout, tokenizer, monkeypatch, texts, group=4, step=0):
 
 
 def test_branch_output_contract(tokenizer, monkeypatch):
-    texts = [*answers(0, 0, 1), "no idea"]
+    texts = ['{"action_index": 0}', '{"action_index": 0}', '{"action_index": 1}', "no idea"]
     out, _ = run(BranchRollout(RolloutConfig(horizon=5)), tokenizer, monkeypatch, texts)
     n = 8
     for key in ("prompt_ids", "completion_ids", "logprobs", *INTERFACE.reward_fields, "valid", "action_shaping",
@@ -75,7 +74,7 @@ def test_branch_output_contract(tokenizer, monkeypatch):
 
 
 def test_branch_is_deterministic_per_step_and_reseeds_across_steps(tokenizer, monkeypatch):
-    texts = answers(0, 2)
+    texts = ['{"action_index": 0}', '{"action_index": 2}']
     a, _ = run(BranchRollout(RolloutConfig(horizon=20)), tokenizer, monkeypatch, texts, step=3)
     b, _ = run(BranchRollout(RolloutConfig(horizon=20)), tokenizer, monkeypatch, texts, step=3)
     assert a == b
@@ -96,19 +95,8 @@ def _state(anchor):
     return AnchorCache(INTERFACE).get(anchor)
 
 
-def _labels(anchor):
-    obs = _state(anchor).obs
-    return candidate_labels(INTERFACE, obs, INTERFACE.candidate_actions(obs))
-
-
-def answers(*picks):
-    """Answers naming, by the numbers the prompts show, the ``picks``-th of the numbers both anchors list."""
-    common = sorted(set(_labels(ANCHORS[0])) & set(_labels(ANCHORS[1])))
-    return [f'{{"action_index": {common[k]}}}' for k in picks]
-
-
 def test_window_mode_masks_environment_text(tokenizer, monkeypatch):
-    texts = [*answers(0, 1), "???"]
+    texts = ['{"action_index": 0}', '{"action_index": 1}', "???"]
     rollout = WindowRollout(RolloutConfig(mode="window", window_turns=3, horizon=2))
     out, sampler = run(rollout, tokenizer, monkeypatch, texts, group=3)
     assert len(sampler.calls) == 3  # one batched generate per turn
@@ -163,7 +151,7 @@ def test_metrics_are_logged_through_the_trainer(tokenizer):
 
 
 def test_branch_scores_each_distinct_action_once_over_several_continuations(tokenizer, monkeypatch):
-    texts = answers(0, 0, 0, 1)
+    texts = ['{"action_index": 0}', '{"action_index": 0}', '{"action_index": 0}', '{"action_index": 1}']
     rollout = BranchRollout(RolloutConfig(horizon=5, continuation_seeds=3))
     calls = []
     outcome = rollout._outcome
@@ -184,7 +172,7 @@ def test_continuations_reseed_the_environment_every_simulated_day(tokenizer, mon
     seeds = []
     reseed = ClinicalRecruitmentEnv.reseed
     monkeypatch.setattr(ClinicalRecruitmentEnv, "reseed", lambda self, s: seeds.append(s) or reseed(self, s))
-    out, _ = run(BranchRollout(RolloutConfig(horizon=4)), tokenizer, monkeypatch, answers(0), group=1)
+    out, _ = run(BranchRollout(RolloutConfig(horizon=4)), tokenizer, monkeypatch, ['{"action_index": 0}'], group=1)
     first = group_seed(ANCHORS[0], 0, 0)
     # Day d of a continuation draws from its own stream: a different action earlier does not shift later days.
     assert seeds[:5] == [day_seed(first, d) for d in range(5)]
@@ -194,7 +182,7 @@ def test_continuations_reseed_the_environment_every_simulated_day(tokenizer, mon
 def test_self_horizon_lets_the_policy_play_its_own_days_before_the_continuation(tokenizer, monkeypatch):
     from recruit_trl.rollout import day_seed
 
-    texts = answers(0, 0, 1, 1)
+    texts = ['{"action_index": 0}', '{"action_index": 0}', '{"action_index": 1}', '{"action_index": 1}']
     horizon, own = 6, 3
     rollout = BranchRollout(RolloutConfig(horizon=horizon, self_horizon=own, continuation_seeds=2))
     out, sampler = run(rollout, tokenizer, monkeypatch, texts)
@@ -204,7 +192,7 @@ def test_self_horizon_lets_the_policy_play_its_own_days_before_the_continuation(
     assert out["scored_steps"] == [1.0 + horizon] * 8
     assert out["env_return"][0] == out["env_return"][1] != out["env_return"][2]
 
-    # The first row's outcome replayed by hand: its action on day 0, the policy's answers (texts[0]) on its own
+    # The first row's outcome replayed by hand: its action on day 0, the policy's answers (candidate 0) on its own
     # days, then the continuation policy, each day re-seeded; averaged over the two continuations.
     anchor, state = ANCHORS[0], rollout.cache.get(ANCHORS[0])
     policy = INTERFACE.get_policy("grader_heuristic")
@@ -215,7 +203,7 @@ def test_self_horizon_lets_the_policy_play_its_own_days_before_the_continuation(
         obs, total, rng = state.obs, 0.0, random.Random(seed)
         for day in range(1 + horizon):
             env.reseed(day_seed(seed, day))
-            action = parse_action(texts[0], "index", INTERFACE, obs).action if day <= own else policy(obs, rng)
+            action = INTERFACE.candidate_actions(obs)[0] if day <= own else policy(obs, rng)
             obs, reward, *_ = env.step(action)
             total += reward
         returns.append(total)
@@ -243,10 +231,8 @@ def test_teacher_match_compares_each_row_with_the_teacher_in_the_same_state(toke
     assert None not in taught
     # Rows 0-1 of each group answer the teacher's index, rows 2-3 another candidate (or nothing parseable).
     texts = []
-    for anchor, k in zip(ANCHORS, taught, strict=True):
-        labels = _labels(anchor)
-        texts += [f'{{"action_index": {labels[k]}}}'] * 2 + [f'{{"action_index": {labels[1 if k == 0 else 0]}}}']
-        texts += ["no idea"]
+    for k in taught:
+        texts += [f'{{"action_index": {k}}}'] * 2 + [f'{{"action_index": {1 if k == 0 else 0}}}', "no idea"]
     out, _ = run(BranchRollout(RolloutConfig(horizon=2, reward_teacher="grader_heuristic")), tokenizer, monkeypatch,
                  texts)  # fmt: skip
     assert out["teacher_match"] == [1.0, 1.0, 0.0, 0.0] * 2
