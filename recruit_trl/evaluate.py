@@ -8,7 +8,8 @@ Policies:
       config). Model policies run all episodes in lock-step with batched generation, through the same
       prompt rendering, action contract, strict parser and safe fallback as the RL rollouts.
 
-Metrics per (policy, task): final score mean and sample sd, enrolled, budget left, episode length,
+Metrics per (policy, task): final score mean and sample sd, enrolled (at the end, after the days of
+:data:`ENROLLED_AT_DAYS`, at its peak, and the mean curve over the days), budget left, episode length,
 strict-JSON rate (model output is exactly one JSON object), valid-action rate (the decision parsed under
 the contract and the environment reported no error), fallback rate, teacher match (the fraction of decisions
 equal to a named teacher policy's on the same observation) and the action-type distribution.
@@ -42,6 +43,12 @@ from recruit_trl.traces import match_candidate, same_action, trace_row
 
 # Published reference figures (shared/spec/reference-results.md): best reference policy per task, and its LLMs.
 REFERENCE_BEST = {"easy_bench": 0.607, "medium_bench": 0.533, "hard_bench": 0.560}
+# The reference's published LLM agents enrolled 3-5 patients per rollout, in rollouts of 15 steps (debug episodes)
+# and of about 30 tool calls (the 180-day horizon never reached): enrolment after as many days compares with them.
+REFERENCE_LLM_ENROLLED = (3, 5)
+ENROLLED_AT_DAYS = (15, 30)
+# Bumped when the result rows gain fields, so that cached evaluations without them are redone.
+EVAL_SCHEMA = 2
 
 
 @dataclass
@@ -77,6 +84,7 @@ class EpisodeLog:
     teacher_checked: int = 0
     action_types: Counter = field(default_factory=Counter)
     score_terms: dict[str, float] | None = None
+    enrolled_by_day: list[int] = field(default_factory=list)  # enrolled after each decision
 
 
 class Evaluator:
@@ -133,6 +141,7 @@ class Evaluator:
                     obs, _, terminated, truncated, info = env.step(action)
                     done = terminated or truncated
                     self._record(log, action, info, parsed_json=None, valid=True, taught=taught)
+                    log.enrolled_by_day.append(obs.get("enrolled_so_far", 0))
                 self._finish(log, obs, info, env)
                 logs.append(log)
                 if progress:
@@ -200,6 +209,7 @@ class Evaluator:
                     text=text,
                 )
                 recent[i].append(digest(self.interface, day, parsed.action, info))
+                logs[i].enrolled_by_day.append(new_obs.get("enrolled_so_far", 0))
                 obs[i] = new_obs
                 if terminated or truncated:
                     self._finish(logs[i], new_obs, info, envs[i])
@@ -301,6 +311,11 @@ def aggregate(policy: str, logs: Sequence[EpisodeLog], is_model: bool) -> list[d
                 "final_score_mean": round(statistics.mean(scores), 4) if scores else None,
                 "final_score_sd": round(statistics.stdev(scores), 4) if len(scores) > 1 else 0.0,
                 "enrolled_mean": round(statistics.mean(log.enrolled for log in group), 2),
+                "enrolled_at_mean": {
+                    str(d): round(statistics.mean(_enrolled_at(log, d) for log in group), 2) for d in ENROLLED_AT_DAYS
+                },
+                "enrolled_peak_mean": round(statistics.mean(max(log.enrolled_by_day, default=0) for log in group), 2),
+                "enrolled_by_day_mean": _mean_curve([log.enrolled_by_day for log in group]),
                 "budget_left_mean": round(statistics.mean(log.budget_left for log in group), 2),
                 "episode_length_mean": round(statistics.mean(log.length for log in group), 2),
                 "strict_json_rate": round(sum(log.strict_json for log in group) / decisions, 4) if is_model else None,
@@ -317,6 +332,19 @@ def aggregate(policy: str, logs: Sequence[EpisodeLog], is_model: bool) -> list[d
             }
         )
     return rows
+
+
+def _enrolled_at(log: EpisodeLog, day: int) -> int:
+    """Enrolled after ``day >= 1`` decisions (an episode that ended sooner keeps its last count)."""
+    days = log.enrolled_by_day
+    return days[min(day, len(days)) - 1] if days else 0
+
+
+def _mean_curve(curves: Sequence[Sequence[int]]) -> list[float]:
+    """Day-by-day mean over episodes; an episode that ended sooner keeps its last value."""
+    length = max((len(c) for c in curves), default=0)
+    padded = [list(c) + [c[-1] if c else 0] * (length - len(c)) for c in curves]
+    return [round(statistics.mean(column), 2) for column in zip(*padded, strict=True)] if padded else []
 
 
 def evaluate(
@@ -367,7 +395,7 @@ def evaluate(
 
 def cached_evaluation(config: EvalConfig, path: str | Path) -> dict[str, Any] | None:
     """The evaluation in the JSON file ``path`` if it was written for the same tasks, seeds, contract, temperature
-    and top-p as ``config``, else ``None``."""
+    and top-p as ``config`` (and rows of the current :data:`EVAL_SCHEMA`), else ``None``."""
     path = Path(path)
     part = json.loads(path.read_text()) if path.is_file() else {}
     return part if part and all(part.get(k) == v for k, v in _cache_key(config).items()) else None
@@ -380,6 +408,7 @@ def _cache_key(config: EvalConfig) -> dict[str, Any]:
         "contract": config.contract,
         "temperature": config.temperature,
         "top_p": config.top_p,
+        "schema": EVAL_SCHEMA,
     }
 
 

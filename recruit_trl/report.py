@@ -5,7 +5,10 @@ Plots (PNG, written next to ``report.json``):
 * ``action_types.png``: the sampled action-type distribution per step (a collapse shows as one band taking over);
 * ``final_scores.png``: held-out final score of every evaluated policy per task, with the best reference policy;
 * ``score_terms.png``: the weighted parts of each task's grade per policy (when the environment reports them):
-  where the points come from and where a policy loses them against another.
+  where the points come from and where a policy loses them against another;
+* ``enrolment.png``: mean enrolled over the days of the held-out episodes per policy and task, with the band of the
+  reference's published LLM agents (3-5 enrolled in rollouts of 15-30 steps): when a policy enrols, and what the
+  scheduled dropouts take away again.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from recruit_trl.evaluate import REFERENCE_BEST, plot_results
+from recruit_trl.evaluate import ENROLLED_AT_DAYS, REFERENCE_BEST, REFERENCE_LLM_ENROLLED, plot_results
 
 ACTION_PREFIX = "rollout/action_type/"
 CURVE_KEYS = (
@@ -120,6 +123,30 @@ def plot_score_terms(results: Sequence[dict[str, Any]], path: str | Path) -> Pat
     return _save(fig, plt, path)
 
 
+def plot_enrolment(results: Sequence[dict[str, Any]], path: str | Path) -> Path | None:
+    """One panel per task: mean enrolled after each day per policy; ``None`` when no row has the curve."""
+    rows = [r for r in results if r.get("enrolled_by_day_mean")]
+    if not rows:
+        return None
+    plt = _pyplot()
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.6 * len(tasks), 3.9), squeeze=False)
+    low, high = REFERENCE_LLM_ENROLLED
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for r in rows:
+            if r["task"] == task:
+                curve = r["enrolled_by_day_mean"]
+                ax.plot(range(1, len(curve) + 1), curve, label=r["policy"], linewidth=1.2)
+        ax.fill_between([0, max(ENROLLED_AT_DAYS)], low, high, color="grey", alpha=0.3, label="reference LLMs")
+        ax.set_xlabel("day")
+        ax.set_title(task)
+    axes[0][0].set_ylabel("enrolled (mean over seeds)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Held-out enrolment over the episode")
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
 def _save(fig, plt, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,6 +169,9 @@ def write_report(output_dir: str | Path, report: dict[str, Any]) -> dict[str, st
         terms_plot = plot_score_terms(report["results"], out / "score_terms.png")
         if terms_plot is not None:
             paths["score_terms"] = str(terms_plot)
+        enrolment_plot = plot_enrolment(report["results"], out / "enrolment.png")
+        if enrolment_plot is not None:
+            paths["enrolment"] = str(enrolment_plot)
     report = {**report, "plots": paths}
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
     paths["report"] = str(out / "report.json")
@@ -171,6 +201,20 @@ def summary(report: dict[str, Any]) -> str:
         lines.append(f"{policy:<12}" + "".join(cells) + f"{v:>8}")
     ref = "".join(f"{REFERENCE_BEST.get(t, float('nan')):>24.3f}" for t in tasks)
     lines.append(f"{'reference':<12}{ref}")
+    days = " / ".join(f"day {d}" for d in ENROLLED_AT_DAYS)
+    low, high = REFERENCE_LLM_ENROLLED
+    lines += ["", f"enrolled after {days} / peak / end (reference LLMs: {low}-{high} in rollouts of 15-30 steps)"]
+    for policy in policies:
+        cells = []
+        for task in tasks:
+            r = next((x for x in results if x["policy"] == policy and x["task"] == task), None)
+            at = (r or {}).get("enrolled_at_mean")
+            if not at:
+                cells.append(f"{'-':>24}")
+                continue
+            numbers = [at[str(d)] for d in ENROLLED_AT_DAYS] + [r["enrolled_peak_mean"], r["enrolled_mean"]]
+            cells.append(" " + " / ".join(f"{x:.1f}" for x in numbers).rjust(23))
+        lines.append(f"{policy:<12}" + "".join(cells))
     for key in ("seconds", "output_dir"):
         if key in report:
             lines.append(f"{key}: {report[key]}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,7 @@ TASK = "hard_bench_stage_30"
 RESULT_KEYS = {
     "policy", "task", "episodes", "final_score_mean", "final_score_sd", "enrolled_mean", "budget_left_mean",
     "episode_length_mean", "strict_json_rate", "valid_action_rate", "fallback_rate", "teacher_match", "action_types",
-    "score_terms_mean",
+    "score_terms_mean", "enrolled_at_mean", "enrolled_peak_mean", "enrolled_by_day_mean",
 }  # fmt: skip
 
 
@@ -51,6 +52,29 @@ def test_env_policies_and_teacher_match():
     assert report["versions"]["python"]
 
 
+def test_enrolment_over_the_days_follows_each_episode():
+    from env import ClinicalRecruitmentEnv
+    from recruit_trl.evaluate import Evaluator, aggregate
+
+    config = EvalConfig(tasks=("easy_bench",), seeds=(0, 1))
+    logs = Evaluator(config).run_policy("safe")
+    for log in logs:  # the same episode replayed by hand: enrolled_so_far after every decision
+        game, policy = ClinicalRecruitmentEnv("easy_bench"), env.agent.CLINICAL.get_policy("safe")
+        obs, _ = game.reset(seed=log.seed)
+        by_day = []
+        for _ in range(180):
+            obs, *_ = game.step(policy(obs, None))
+            by_day.append(obs["enrolled_so_far"])
+        assert log.enrolled_by_day == by_day and by_day[-1] == log.enrolled
+    (row,) = aggregate("safe", logs, is_model=False)
+    mean = [(a + b) / 2 for a, b in zip(logs[0].enrolled_by_day, logs[1].enrolled_by_day, strict=True)]
+    assert row["enrolled_by_day_mean"] == pytest.approx(mean, abs=0.006)
+    assert row["enrolled_at_mean"]["30"] == pytest.approx(mean[29], abs=0.006)
+    assert row["enrolled_at_mean"]["15"] == pytest.approx(mean[14], abs=0.006)
+    assert row["enrolled_peak_mean"] >= row["enrolled_mean"]
+    assert row["enrolled_peak_mean"] > row["enrolled_at_mean"]["30"]
+
+
 def test_model_policy_runs_in_lock_step(tiny_model, tmp_path):
     report = evaluate([f"model:{tiny_model}"], EvalConfig(tasks=(TASK,), seeds=(0, 1, 2)), progress=False)
     (row,) = report["results"]
@@ -58,6 +82,7 @@ def test_model_policy_runs_in_lock_step(tiny_model, tmp_path):
     assert abs(sum(row["score_terms_mean"].values()) - row["final_score_mean"]) < 1e-3
     assert 0.0 <= row["strict_json_rate"] <= 1.0 and 0.0 <= row["fallback_rate"] <= 1.0
     assert 0.001 <= row["final_score_mean"] <= 0.999
+    assert len(row["enrolled_by_day_mean"]) == 30 and row["enrolled_by_day_mean"][-1] == row["enrolled_mean"]
     png = plot_results(report["results"], tmp_path / "plot.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
 
@@ -115,3 +140,16 @@ def test_evaluation_against_a_server_matches_in_process():
             assert remote["score_terms_mean"] is None  # the parts need the environment's history: in-process only
     finally:
         stop_server(proc)
+
+
+def test_report_plots_enrolment_and_summarises_it(tmp_path):
+    from recruit_trl.report import summary, write_report
+
+    report = evaluate(["safe", "random"], EvalConfig(tasks=(TASK,), seeds=(0, 1)), progress=False)
+    paths = write_report(tmp_path, {"results": report["results"], "config": {"eval_seeds": "0-1"}})
+    assert Path(paths["enrolment"]).read_bytes()[:4] == b"\x89PNG"
+    text = summary(report)
+    assert "enrolled after day 15 / day 30 / peak / end (reference LLMs: 3-5" in text
+    safe = report["results"][0]
+    cells = [safe["enrolled_at_mean"]["15"], safe["enrolled_at_mean"]["30"], safe["enrolled_peak_mean"]]
+    assert " / ".join(f"{x:.1f}" for x in [*cells, safe["enrolled_mean"]]) in text.splitlines()[-2]

@@ -195,7 +195,7 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     assert report["config"]["sft_full_finetune_resolved"] is True  # "auto", resolved for a tiny model built here
     assert report["config"]["rl_full_finetune_resolved"] is True
     assert len(report["training"]["curves"]["step"]) == 2
-    for name in ("training_curves.png", "action_types.png", "final_scores.png", "score_terms.png"):
+    for name in ("training_curves.png", "action_types.png", "final_scores.png", "score_terms.png", "enrolment.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     stamps = {p.name: p.stat().st_mtime for p in (tmp_path / "eval").iterdir()}
     recipe.main(*recipe.parse_args(flags))  # finished: resumes at the last checkpoint, reuses SFT and evaluations
