@@ -140,8 +140,7 @@ class Evaluator:
                     action = act(env, obs=obs, rng=rng) if act is not None else policy(obs, rng)
                     obs, _, terminated, truncated, info = env.step(action)
                     done = terminated or truncated
-                    self._record(log, action, info, parsed_json=None, valid=True, taught=taught)
-                    log.enrolled_by_day.append(obs.get("enrolled_so_far", 0))
+                    self._record(log, action, obs, info, parsed_json=None, valid=True, taught=taught)
                 self._finish(log, obs, info, env)
                 logs.append(log)
                 if progress:
@@ -201,6 +200,7 @@ class Evaluator:
                 self._record(
                     logs[i],
                     parsed.action,
+                    new_obs,
                     info,
                     parsed_json=strict,
                     valid=parsed.valid,
@@ -209,7 +209,6 @@ class Evaluator:
                     text=text,
                 )
                 recent[i].append(digest(self.interface, day, parsed.action, info))
-                logs[i].enrolled_by_day.append(new_obs.get("enrolled_so_far", 0))
                 obs[i] = new_obs
                 if terminated or truncated:
                     self._finish(logs[i], new_obs, info, envs[i])
@@ -250,6 +249,7 @@ class Evaluator:
         self,
         log: EpisodeLog,
         action,
+        obs,
         info,
         parsed_json: bool | None,
         valid: bool,
@@ -274,6 +274,7 @@ class Evaluator:
             self.trace.append(record)
         log.length += 1
         log.decisions += 1
+        log.enrolled_by_day.append(obs.get("enrolled_so_far", 0))
         log.action_types[self.interface.action_type(action)] += 1
         if parsed_json is not None:
             log.strict_json += int(parsed_json)

@@ -100,11 +100,9 @@ def plot_score_terms(results: Sequence[dict[str, Any]], path: str | Path) -> Pat
     rows = [r for r in results if r.get("score_terms_mean")]
     if not rows:
         return None
-    plt = _pyplot()
-    tasks = list(dict.fromkeys(r["task"] for r in rows))
-    policies = list(dict.fromkeys(r["policy"] for r in rows))
     n_terms = max(len(r["score_terms_mean"]) for r in rows)
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.6 * len(tasks), 1.2 + 0.42 * n_terms), squeeze=False)
+    plt, tasks, fig, axes = _task_panels(rows, 1.2 + 0.42 * n_terms)
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
     height = 0.8 / len(policies)
     for ax, task in zip(axes[0], tasks, strict=True):
         by_policy = {r["policy"]: r["score_terms_mean"] for r in rows if r["task"] == task}
@@ -128,9 +126,7 @@ def plot_enrolment(results: Sequence[dict[str, Any]], path: str | Path) -> Path 
     rows = [r for r in results if r.get("enrolled_by_day_mean")]
     if not rows:
         return None
-    plt = _pyplot()
-    tasks = list(dict.fromkeys(r["task"] for r in rows))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.6 * len(tasks), 3.9), squeeze=False)
+    plt, tasks, fig, axes = _task_panels(rows, 3.9)
     low, high = REFERENCE_LLM_ENROLLED
     for ax, task in zip(axes[0], tasks, strict=True):
         for r in rows:
@@ -145,6 +141,14 @@ def plot_enrolment(results: Sequence[dict[str, Any]], path: str | Path) -> Path 
     fig.suptitle("Held-out enrolment over the episode")
     fig.tight_layout()
     return _save(fig, plt, path)
+
+
+def _task_panels(rows: Sequence[dict[str, Any]], height: float):
+    """``(plt, tasks, fig, axes)``: one panel per task of ``rows``, side by side (``axes[0][k]`` is task ``k``)."""
+    plt = _pyplot()
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.6 * len(tasks), height), squeeze=False)
+    return plt, tasks, fig, axes
 
 
 def _save(fig, plt, path: str | Path) -> Path:
@@ -183,13 +187,14 @@ def summary(report: dict[str, Any]) -> str:
     results = report.get("results", [])
     tasks = list(dict.fromkeys(r["task"] for r in results))
     policies = list(dict.fromkeys(r["policy"] for r in results))
+    by_key = {(r["policy"], r["task"]): r for r in results}
     head = f"{'policy':<12}" + "".join(f"{t:>24}" for t in tasks) + f"{'valid':>8}"
     seeds = report.get("config", {}).get("eval_seeds", "?")
     lines = [f"held-out final score (mean ± sd) and (enrolled), seeds {seeds}", head, "-" * len(head)]
     for policy in policies:
         cells, valid = [], []
         for task in tasks:
-            r = next((x for x in results if x["policy"] == policy and x["task"] == task), None)
+            r = by_key.get((policy, task))
             if r is None or r["final_score_mean"] is None:
                 cells.append(f"{'-':>24}")
                 continue
@@ -207,14 +212,14 @@ def summary(report: dict[str, Any]) -> str:
     for policy in policies:
         cells = []
         for task in tasks:
-            r = next((x for x in results if x["policy"] == policy and x["task"] == task), None)
-            at = (r or {}).get("enrolled_at_mean")
+            r = by_key.get((policy, task)) or {}
+            at = r.get("enrolled_at_mean")
             if not at:
                 cells.append(f"{'-':>24}")
                 continue
             numbers = [at[str(d)] for d in ENROLLED_AT_DAYS] + [r["enrolled_peak_mean"], r["enrolled_mean"]]
-            cells.append(" " + " / ".join(f"{x:.1f}" for x in numbers).rjust(23))
-        lines.append(f"{policy:<12}" + "".join(cells))
+            cells.append(" / ".join(f"{x:.1f}" for x in numbers).rjust(24))
+        lines.append(f"{policy:<12}" + " |".join(cells))
     for key in ("seconds", "output_dir"):
         if key in report:
             lines.append(f"{key}: {report[key]}")
