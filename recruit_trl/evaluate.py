@@ -480,8 +480,8 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
     )
     lines = [header, "-" * len(header)]
 
-    def pct(x):
-        return "-" if x is None else f"{100 * x:.0f}%"
+    def pct(x, digits=0):
+        return "-" if x is None else f"{100 * x:.{digits}f}%"
 
     for r in results:
         top = max(r["action_types"], key=r["action_types"].get) if r["action_types"] else "-"
@@ -489,7 +489,7 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
         lines.append(
             f"{r['policy'][:21]:<22}{r['task']:<22}{score:>16}{r['enrolled_mean']:>10.1f}"
             f"{r['budget_left_mean']:>10.0f}{r['episode_length_mean']:>6.0f}{pct(r['strict_json_rate']):>7}"
-            f"{pct(r['valid_action_rate']):>7}{pct(r['fallback_rate']):>7}{pct(r['teacher_match']):>7}  "
+            f"{pct(r['valid_action_rate'], 1):>7}{pct(r['fallback_rate']):>7}{pct(r['teacher_match']):>7}  "
             f"{top} {pct(r['action_types'].get(top))}"
         )
     return "\n".join(lines)

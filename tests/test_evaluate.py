@@ -49,6 +49,9 @@ def test_env_policies_and_teacher_match():
         assert "curriculum_screening" in row["score_terms_mean"]
         assert abs(sum(row["score_terms_mean"].values()) - row["final_score_mean"]) < 1e-3
     assert "heuristic" in format_table(rows)
+    # Validity to a tenth of a percent: rounded to whole percents, 98.5 % read as the 99 % target met.
+    row = dict(rows[0], valid_action_rate=0.985)
+    assert " 98.5%" in format_table([row]).splitlines()[2]
     assert report["versions"]["python"]
 
 
@@ -153,3 +156,5 @@ def test_report_plots_enrolment_and_summarises_it(tmp_path):
     safe = report["results"][0]
     cells = [safe["enrolled_at_mean"]["15"], safe["enrolled_at_mean"]["30"], safe["enrolled_peak_mean"]]
     assert " / ".join(f"{x:.1f}" for x in [*cells, safe["enrolled_mean"]]) in text.splitlines()[-2]
+    worst = dict(safe, valid_action_rate=0.987)  # the lowest validity of a policy's tasks, to a tenth
+    assert summary({"results": [worst]}).splitlines()[3].endswith(" 98.7%")
