@@ -43,6 +43,8 @@ from recruit_trl.sft import (
     dagger_rows,
     heldout_report,
     mean_over_tasks,
+    oversample_rows,
+    parse_oversample,
     to_conversational,
 )
 from recruit_trl.training import model_defaults, parse_int_ranges, resolve_model_for
@@ -62,6 +64,13 @@ class SFTScriptArguments:
     epsilon: float = field(default=0.1, metadata={"help": "Random-candidate rate while tracing (state coverage)."})
     max_type_fraction: float = field(default=0.35, metadata={"help": "Cap on any action type's share of rows."})
     balance_by_task: bool = field(default=True, metadata={"help": "Apply the cap within every task's rows."})
+    oversample: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Repeat the rows of some task days, TASK:FIRST-LAST:FACTOR (e.g. hard_bench:137-179:3: each "
+            "row of hard's days 137..179 three times), in the traces and every DAgger round's rows."
+        },
+    )
     dagger_rounds: int = field(
         default=0,
         metadata={"help": "DAgger rounds after the first fit: the model plays, the teacher labels its states."},
@@ -101,6 +110,8 @@ class SFTScriptArguments:
     def __post_init__(self):
         if str(self.token_metrics).lower() not in ("auto", "true", "false"):
             raise ValueError(f"--token_metrics must be auto, true or false, not {self.token_metrics!r}")
+        for spec in self.oversample:
+            parse_oversample(spec)
 
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
@@ -129,6 +140,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
             epsilon=script_args.epsilon,
             max_type_fraction=script_args.max_type_fraction,
             balance_by="task" if script_args.balance_by_task else None,
+            oversample=script_args.oversample,
             seed=training_args.seed,
         )
         train.save_to_disk(str(data_dir / "train"))
@@ -288,10 +300,12 @@ def dagger_data(script_args: SFTScriptArguments, interface, data, policy_dir: Pa
             env=script_args.env,
         )
         group_by = "task" if script_args.balance_by_task else None
-        rows = to_conversational(balance_action_types(labelled, script_args.max_type_fraction, group_by=group_by))
+        balanced = balance_action_types(labelled, script_args.max_type_fraction, group_by=group_by)
+        rows = to_conversational(oversample_rows(balanced, script_args.oversample))
         info = {
             "student": {r["task"]: {k: r[k] for k in ("final_score_mean", "teacher_match")} for r in student},
             "rows": len(rows),
+            "rows_repeated": len(rows) - len(balanced),
             "rows_raw": len(labelled),
             "action_types": dict(Counter(r["action_type"] for r in labelled)),
         }

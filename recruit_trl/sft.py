@@ -62,6 +62,36 @@ def balance_action_types(
     return [rows[i] for i in sorted(chosen)]
 
 
+def parse_oversample(spec: str) -> tuple[str, int, int, int]:
+    """``"TASK:FIRST-LAST:FACTOR"`` -> ``(task, first_day, last_day, factor)``; a clear ``ValueError`` otherwise."""
+    try:
+        task, days, factor = spec.split(":")
+        first, last = (int(d) for d in days.split("-"))
+        times = int(factor)
+    except ValueError:
+        raise ValueError(
+            f"oversample spec {spec!r} is not TASK:FIRST-LAST:FACTOR (e.g. hard_bench:137-179:3)"
+        ) from None
+    if not task or first > last or first < 0 or times < 1:
+        raise ValueError(f"oversample spec {spec!r}: need a task, 0 <= FIRST <= LAST and FACTOR >= 1")
+    return task, first, last, times
+
+
+def oversample_rows(rows: Sequence[dict[str, Any]], specs: Sequence[str]) -> list[dict[str, Any]]:
+    """Every row of a chosen task on a chosen range of days repeated ``FACTOR`` times in all (the rest once).
+
+    A long episode's decisive decisions can be a handful of days at its end (hard's endgame: enrol after the
+    scheduled dropout of day 152, stop on day 162 before the last three), a few dozen rows among thousands that
+    the balancing by action type does not reach. Repeats are appended after the originals, so a row's first copy
+    keeps its place; the trainer shuffles.
+    """
+    out = list(rows)
+    for task, first, last, times in map(parse_oversample, specs):
+        chosen = [r for r in rows if r["task"] == task and first <= r["day"] <= last]
+        out += chosen * (times - 1)
+    return out
+
+
 def to_conversational(rows: Sequence[dict[str, Any]]):
     """Trace rows -> a ``datasets.Dataset`` with ``prompt``/``completion`` message lists plus metadata columns."""
     from datasets import Dataset
@@ -94,9 +124,11 @@ def build_sft_datasets(
     epsilon: float = 0.0,
     max_type_fraction: float = 0.35,
     balance_by: str | None = None,
+    oversample: Sequence[str] = (),
     seed: int = 0,
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """Teacher traces -> (train Dataset, held-out Dataset, stats). Only the training part is balanced."""
+    """Teacher traces -> (train Dataset, held-out Dataset, stats). Only the training part is balanced, then
+    oversampled (:func:`oversample_rows`)."""
     if set(train_seeds) & set(heldout_seeds):
         raise ValueError("train and held-out seeds overlap")
     train_stats, heldout_stats = TraceStats(), TraceStats()
@@ -106,17 +138,19 @@ def build_sft_datasets(
     )
     heldout_rows = collect_traces(interface, tasks, heldout_seeds, stats=heldout_stats, rng_seed=seed + 1, **common)
     balanced = balance_action_types(train_rows, max_type_fraction, seed, group_by=balance_by)
+    trained = oversample_rows(balanced, oversample)
     stats = {
         "teacher": teacher,
         "train_rows_raw": len(train_rows),
-        "train_rows": len(balanced),
+        "train_rows": len(trained),
+        "train_rows_repeated": len(trained) - len(balanced),
         "heldout_rows": len(heldout_rows),
         "skipped_unlisted_teacher_actions": train_stats.skipped + heldout_stats.skipped,
         "train_action_types_raw": dict(Counter(r["action_type"] for r in train_rows)),
         "train_action_types": dict(Counter(r["action_type"] for r in balanced)),
         "heldout_action_types": dict(Counter(r["action_type"] for r in heldout_rows)),
     }
-    return to_conversational(balanced), to_conversational(heldout_rows), stats
+    return to_conversational(trained), to_conversational(heldout_rows), stats
 
 
 def dagger_rows(

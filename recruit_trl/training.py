@@ -23,6 +23,7 @@ from recruit_trl.anchors import (
 )
 from recruit_trl.protocol import EnvInterface
 from recruit_trl.rollout import RolloutConfig
+from recruit_trl.sft import parse_oversample
 from recruit_trl.traces import collect_traces
 
 # The main job scores each sampled action by the final grade of its episode (continued to the end by a fast
@@ -121,6 +122,13 @@ class ScriptArguments(RolloutConfig):
     sft_balance_by_task: bool = field(
         default=True, metadata={"help": "SFT warm start: cap every action type's share within each task's rows."}
     )
+    sft_oversample: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "SFT warm start: repeat the rows of some task days, TASK:FIRST-LAST:FACTOR (e.g. "
+            "hard_bench:137-179:3), in the traces and the DAgger rows."
+        },
+    )
     dagger_rounds: int = field(
         default=1,
         metadata={"help": "DAgger rounds of the SFT warm start (the model plays, the teacher labels; one: the CPU "
@@ -178,6 +186,8 @@ class ScriptArguments(RolloutConfig):
         for flag in ("sft_full_finetune", "rl_full_finetune"):
             if str(getattr(self, flag)).lower() not in ("auto", "true", "false"):
                 raise ValueError(f"--{flag} must be auto, true or false, not {getattr(self, flag)!r}")
+        for spec in self.sft_oversample:
+            parse_oversample(spec)
         unknown = set(self.eval_sampled) - {"base", "sft", "grpo"}
         if unknown:
             raise ValueError(f"--eval_sampled takes base, sft and grpo, not {sorted(unknown)}")

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,7 @@ def test_sft_recipe_dagger_round_labels_the_students_states(warm_model, tmp_path
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "2", "--train_seeds", "1",
         "--heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe", "--save_strategy", "no",
         "--dagger_rounds", "1", "--dagger_seeds", "5", "--use_peft", str(use_peft),
+        "--oversample", "hard_bench_stage_30:25-29:2",
     ]  # fmt: skip
     saved = "adapter_model.safetensors" if use_peft else "model.safetensors"
     report = recipe.main(*recipe.parse_args(flags))
@@ -131,6 +133,12 @@ def test_sft_recipe_dagger_round_labels_the_students_states(warm_model, tmp_path
     assert info["round"] == 1 and info["rows_raw"] == 30 and set(info["student"]) == {"hard_bench_stage_30"}
     rows = load_from_disk(str(tmp_path / "dataset" / "dagger-1" / "rows"))
     assert set(rows["seed"]) == {5} and set(rows["action_type"]) <= PRODUCTIVE  # the safe agent never idles
+    days = Counter(rows["day"])  # the last five days' rows (those balancing kept) twice, the others once
+    assert {days[d] for d in range(25, 30) if d in days} == {2} and set(days.values()) <= {1, 2}
+    assert info["rows_repeated"] == sum(n // 2 for n in days.values()) > 0
+    train = load_from_disk(str(tmp_path / "dataset" / "train"))
+    stats = json.loads((tmp_path / "dataset" / "stats.json").read_text())
+    assert stats["train_rows_repeated"] == sum(1 for d in train["day"] if d >= 25) // 2 > 0
     for folder in (tmp_path / "round-0", tmp_path / "round-1", tmp_path):
         assert (folder / saved).is_file() and (folder / "adapter_config.json").is_file() == use_peft
     # The last round's student played the DAgger seeds too; the saved model is the round that scored best.

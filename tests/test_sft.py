@@ -8,7 +8,7 @@ import pytest
 
 import env.agent  # noqa: F401
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.sft import balance_action_types, best_round, build_sft_datasets
+from recruit_trl.sft import balance_action_types, best_round, build_sft_datasets, oversample_rows, parse_oversample
 
 INTERFACE = get_env_interface("clinical")
 
@@ -67,6 +67,20 @@ def test_balancing_by_task_caps_every_type_within_each_task():
     counts = Counter((r["task"], r["action_type"]) for r in per_task)
     assert counts == {("a", "x"): 2, ("a", "y"): 2, ("b", "y"): 5, ("b", "z"): 5}
     assert [r["i"] for r in per_task] == sorted(r["i"] for r in per_task)  # original order kept
+
+
+def test_oversampling_repeats_the_chosen_days_of_a_task():
+    rows = [{"task": t, "day": d} for t in ("easy_bench", "hard_bench") for d in range(130, 181)]
+    out = oversample_rows(rows, ["hard_bench:137-179:3", "easy_bench:180-180:2"])
+    assert out[: len(rows)] == rows  # the originals first, in order
+    counts = Counter((r["task"], r["day"]) for r in out)
+    assert counts[("hard_bench", 137)] == counts[("hard_bench", 179)] == 3 and counts[("hard_bench", 136)] == 1
+    assert counts[("hard_bench", 180)] == 1 and counts[("easy_bench", 180)] == 2 and counts[("easy_bench", 150)] == 1
+    assert len(out) == len(rows) + 43 * 2 + 1 and oversample_rows(rows, []) == rows
+    assert parse_oversample("hard_bench:137-179:3") == ("hard_bench", 137, 179, 3)
+    for bad in ("hard_bench", "hard_bench:137:3", "hard_bench:179-137:3", "hard_bench:1-2:0", ":1-2:2", "h:a-b:2"):
+        with pytest.raises(ValueError, match="oversample spec"):
+            parse_oversample(bad)
 
 
 def test_best_round_keeps_the_best_mean_over_tasks_and_the_latest_on_ties():
