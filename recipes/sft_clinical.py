@@ -111,7 +111,8 @@ class SFTScriptArguments:
         if str(self.token_metrics).lower() not in ("auto", "true", "false"):
             raise ValueError(f"--token_metrics must be auto, true or false, not {self.token_metrics!r}")
         for spec in self.oversample:
-            parse_oversample(spec)
+            if parse_oversample(spec)[0] not in self.tasks:  # a typo would silently repeat nothing
+                raise ValueError(f"--oversample {spec!r}: its task is not one of --tasks {self.tasks}")
 
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:

@@ -187,7 +187,8 @@ class ScriptArguments(RolloutConfig):
             if str(getattr(self, flag)).lower() not in ("auto", "true", "false"):
                 raise ValueError(f"--{flag} must be auto, true or false, not {getattr(self, flag)!r}")
         for spec in self.sft_oversample:
-            parse_oversample(spec)
+            if parse_oversample(spec)[0] not in self.tasks:  # a typo would silently repeat nothing
+                raise ValueError(f"--sft_oversample {spec!r}: its task is not one of --tasks {self.tasks}")
         unknown = set(self.eval_sampled) - {"base", "sft", "grpo"}
         if unknown:
             raise ValueError(f"--eval_sampled takes base, sft and grpo, not {sorted(unknown)}")

@@ -81,6 +81,10 @@ def test_oversampling_repeats_the_chosen_days_of_a_task():
     for bad in ("hard_bench", "hard_bench:137:3", "hard_bench:179-137:3", "hard_bench:1-2:0", ":1-2:2", "h:a-b:2"):
         with pytest.raises(ValueError, match="oversample spec"):
             parse_oversample(bad)
+    from recruit_trl.training import ScriptArguments
+
+    with pytest.raises(ValueError, match="its task is not one of --tasks"):  # a typo would repeat nothing
+        ScriptArguments(sft_oversample=["hardbench:137-179:3"])
 
 
 def test_best_round_keeps_the_best_mean_over_tasks_and_the_latest_on_ties():
