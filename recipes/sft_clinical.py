@@ -40,11 +40,11 @@ from recruit_trl.sft import (
     balance_action_types,
     best_round,
     build_sft_datasets,
+    check_oversample,
     dagger_rows,
     heldout_report,
     mean_over_tasks,
     oversample_rows,
-    parse_oversample,
     to_conversational,
 )
 from recruit_trl.training import model_defaults, parse_int_ranges, resolve_model_for
@@ -110,9 +110,7 @@ class SFTScriptArguments:
     def __post_init__(self):
         if str(self.token_metrics).lower() not in ("auto", "true", "false"):
             raise ValueError(f"--token_metrics must be auto, true or false, not {self.token_metrics!r}")
-        for spec in self.oversample:
-            if parse_oversample(spec)[0] not in self.tasks:  # a typo would silently repeat nothing
-                raise ValueError(f"--oversample {spec!r}: its task is not one of --tasks {self.tasks}")
+        check_oversample(self.oversample, self.tasks)
 
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:

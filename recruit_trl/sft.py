@@ -77,6 +77,14 @@ def parse_oversample(spec: str) -> tuple[str, int, int, int]:
     return task, first, last, times
 
 
+def check_oversample(specs: Sequence[str], tasks: Sequence[str], flag: str = "--oversample") -> None:
+    """Raise a clear ``ValueError`` for a malformed spec or one whose task is not in ``tasks`` (a typo would
+    silently repeat nothing)."""
+    for spec in specs:
+        if parse_oversample(spec)[0] not in tasks:
+            raise ValueError(f"{flag} {spec!r}: its task is not one of --tasks {list(tasks)}")
+
+
 def oversample_rows(rows: Sequence[dict[str, Any]], specs: Sequence[str]) -> list[dict[str, Any]]:
     """Every row of a chosen task on a chosen range of days repeated ``FACTOR`` times in all (the rest once).
 

@@ -23,7 +23,7 @@ from recruit_trl.anchors import (
 )
 from recruit_trl.protocol import EnvInterface
 from recruit_trl.rollout import RolloutConfig
-from recruit_trl.sft import parse_oversample
+from recruit_trl.sft import check_oversample
 from recruit_trl.traces import collect_traces
 
 # The main job scores each sampled action by the final grade of its episode (continued to the end by a fast
@@ -186,9 +186,7 @@ class ScriptArguments(RolloutConfig):
         for flag in ("sft_full_finetune", "rl_full_finetune"):
             if str(getattr(self, flag)).lower() not in ("auto", "true", "false"):
                 raise ValueError(f"--{flag} must be auto, true or false, not {getattr(self, flag)!r}")
-        for spec in self.sft_oversample:
-            if parse_oversample(spec)[0] not in self.tasks:  # a typo would silently repeat nothing
-                raise ValueError(f"--sft_oversample {spec!r}: its task is not one of --tasks {self.tasks}")
+        check_oversample(self.sft_oversample, self.tasks, "--sft_oversample")
         unknown = set(self.eval_sampled) - {"base", "sft", "grpo"}
         if unknown:
             raise ValueError(f"--eval_sampled takes base, sft and grpo, not {sorted(unknown)}")
