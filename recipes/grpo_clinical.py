@@ -173,6 +173,8 @@ def run_warm_start(script_args, training_args, model_args, model_path: str) -> s
     ]  # fmt: skip
     if script_args.sft_oversample:
         flags += ["--oversample", *script_args.sft_oversample]
+    if script_args.sft_drop_candidate:
+        flags += ["--drop_candidate", str(script_args.sft_drop_candidate)]
     sft_clinical.main(*sft_clinical.parse_args(flags))
     return sft_dir
 

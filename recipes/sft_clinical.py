@@ -42,6 +42,7 @@ from recruit_trl.sft import (
     build_sft_datasets,
     check_oversample,
     dagger_rows,
+    drop_candidates,
     heldout_report,
     mean_over_tasks,
     oversample_rows,
@@ -69,6 +70,14 @@ class SFTScriptArguments:
         metadata={
             "help": "Repeat the rows of some task days, TASK:FIRST-LAST:FACTOR (e.g. hard_bench:137-179:3: each "
             "row of hard's days 137..179 three times), in the traces and every DAgger round's rows."
+        },
+    )
+    drop_candidate: float = field(
+        default=0.0,
+        metadata={
+            "help": "Fraction of the training rows (traces and every DAgger round's rows) shown with one listed "
+            "candidate, not the answer, left out and the rest renumbered: the same choices at shifted positions, "
+            "against answers learnt as positions (index contract; 0 = off)."
         },
     )
     dagger_rounds: int = field(
@@ -111,6 +120,10 @@ class SFTScriptArguments:
         if str(self.token_metrics).lower() not in ("auto", "true", "false"):
             raise ValueError(f"--token_metrics must be auto, true or false, not {self.token_metrics!r}")
         check_oversample(self.oversample, self.tasks)
+        if not 0.0 <= self.drop_candidate <= 1.0:
+            raise ValueError(f"--drop_candidate must be in [0, 1], got {self.drop_candidate}")
+        if self.drop_candidate and self.contract != "index":
+            raise ValueError("--drop_candidate needs the index contract (--contract index)")
 
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
@@ -140,6 +153,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
             max_type_fraction=script_args.max_type_fraction,
             balance_by="task" if script_args.balance_by_task else None,
             oversample=script_args.oversample,
+            drop_fraction=script_args.drop_candidate,
             seed=training_args.seed,
         )
         train.save_to_disk(str(data_dir / "train"))
@@ -161,7 +175,9 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     for r in range(rounds + 1):
         round_dir = out if rounds == 0 else out / f"round-{r}"
         if r > 0:  # the previous round's student plays; the teacher labels the states it reaches
-            data, info = dagger_data(script_args, interface, data, out / f"round-{r - 1}", data_dir / f"dagger-{r}")
+            data, info = dagger_data(
+                script_args, interface, data, out / f"round-{r - 1}", data_dir / f"dagger-{r}", training_args.seed + r
+            )
             dagger.append({"round": r, **info})
         if is_trained(round_dir) and round_dir != out:
             print(f"DAgger round {r} already trained in {round_dir}")
@@ -281,8 +297,9 @@ def token_metrics(script_args: SFTScriptArguments, model_path: str) -> bool:
     return not 0 < vocab < 32_768
 
 
-def dagger_data(script_args: SFTScriptArguments, interface, data, policy_dir: Path, cache: Path):
-    """All data so far plus the teacher-labelled states that the adapter in ``policy_dir`` reaches (cached)."""
+def dagger_data(script_args: SFTScriptArguments, interface, data, policy_dir: Path, cache: Path, seed: int = 0):
+    """All data so far plus the teacher-labelled states that the adapter in ``policy_dir`` reaches (cached);
+    ``seed`` draws the rows that leave a candidate out (``--drop_candidate``)."""
     from datasets import concatenate_datasets, load_from_disk
 
     if (cache / "info.json").is_file():
@@ -300,11 +317,13 @@ def dagger_data(script_args: SFTScriptArguments, interface, data, policy_dir: Pa
         )
         group_by = "task" if script_args.balance_by_task else None
         balanced = balance_action_types(labelled, script_args.max_type_fraction, group_by=group_by)
-        rows = to_conversational(oversample_rows(balanced, script_args.oversample))
+        shifted = drop_candidates(balanced, script_args.drop_candidate, seed)
+        rows = to_conversational(oversample_rows(shifted, script_args.oversample))
         info = {
             "student": {r["task"]: {k: r[k] for k in ("final_score_mean", "teacher_match")} for r in student},
             "rows": len(rows),
             "rows_repeated": len(rows) - len(balanced),
+            "rows_candidate_dropped": sum(a is not b for a, b in zip(balanced, shifted, strict=True)),
             "rows_raw": len(labelled),
             "action_types": dict(Counter(r["action_type"] for r in labelled)),
         }

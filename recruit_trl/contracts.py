@@ -139,6 +139,28 @@ def completion_text(action: Action, contract: str, candidates: Sequence[Action])
     raise ValueError(f"Unknown action contract {contract!r}; expected one of {CONTRACTS}")
 
 
+def drop_listed_candidate(row: Mapping[str, Any], j: int) -> dict[str, Any]:
+    """A copy of an index-contract trace row without its listed candidate ``j`` (not the answer): the list below
+    ``Actions:`` renumbered, the answer's index and ``candidate_types`` moved with it.
+
+    Raises:
+        ValueError: when ``j`` is the answer, is not listed, or the row is not an index-contract row.
+    """
+    head, sep, listing = row["messages"][-1]["content"].partition("\nActions:\n")
+    lines = listing.split("\n")
+    answer = parse_index(row["completion"], len(lines))[0]
+    if not sep or answer is None:
+        raise ValueError("not an index-contract row (no 'Actions:' list or no index answer)")
+    if not 0 <= j < len(lines) or j == answer:
+        raise ValueError(f"cannot drop candidate {j} of {len(lines)} (answer {answer})")
+    kept = [line.partition(": ")[2] for k, line in enumerate(lines) if k != j]
+    listing = "\n".join(f"{k}: {text}" for k, text in enumerate(kept))
+    messages = [*row["messages"][:-1], {**row["messages"][-1], "content": f"{head}{sep}{listing}"}]
+    types = [t for k, t in enumerate(row["candidate_types"]) if k != j]
+    completion = json.dumps({"action_index": answer - (j < answer)})
+    return {**row, "messages": messages, "completion": completion, "candidate_types": types}
+
+
 def build_messages(
     interface: EnvInterface,
     obs: Observation,

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from recruit_trl.contracts import parse_index, parse_json_object
+from recruit_trl.contracts import drop_listed_candidate, parse_index, parse_json_object
 from recruit_trl.protocol import EnvInterface
 from recruit_trl.traces import TraceStats, collect_traces
 
@@ -100,6 +100,29 @@ def oversample_rows(rows: Sequence[dict[str, Any]], specs: Sequence[str]) -> lis
     return out
 
 
+def drop_candidates(rows: Sequence[dict[str, Any]], fraction: float, seed: int = 0) -> list[dict[str, Any]]:
+    """Each row, with probability ``fraction``, shown with one listed candidate (not the answer, drawn uniformly)
+    left out and the rest renumbered (:func:`recruit_trl.contracts.drop_listed_candidate`); the others unchanged.
+
+    Which lines a list holds varies from state to state (a focus only while the best site lacks it, patients as
+    they come), and a small model partly learns answers as positions: on medium the main job's model answered the
+    negotiation's usual index on days its list was one line shorter, one past the end. A teacher that chose ``k``
+    from a list still chooses it from the list without another option, so these rows teach the same choices at
+    shifted positions. Rows without an index answer or with a single candidate are kept as they are.
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"drop fraction must be in [0, 1], got {fraction}")
+    rng = random.Random(seed)
+    out = []
+    for row in rows:
+        answer = parse_index(row["completion"], len(row["candidate_types"]))[0]
+        others = [k for k in range(len(row["candidate_types"])) if k != answer]
+        if fraction and answer is not None and others and rng.random() < fraction:
+            row = drop_listed_candidate(row, rng.choice(others))
+        out.append(row)
+    return out
+
+
 def to_conversational(rows: Sequence[dict[str, Any]]):
     """Trace rows -> a ``datasets.Dataset`` with ``prompt``/``completion`` message lists plus metadata columns."""
     from datasets import Dataset
@@ -133,10 +156,12 @@ def build_sft_datasets(
     max_type_fraction: float = 0.35,
     balance_by: str | None = None,
     oversample: Sequence[str] = (),
+    drop_fraction: float = 0.0,
     seed: int = 0,
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """Teacher traces -> (train Dataset, held-out Dataset, stats). Only the training part is balanced, then
-    oversampled (:func:`oversample_rows`)."""
+    """Teacher traces -> (train Dataset, held-out Dataset, stats). Only the training part is balanced, then has
+    a candidate left out of ``drop_fraction`` of its rows (:func:`drop_candidates`), then is oversampled
+    (:func:`oversample_rows`)."""
     if set(train_seeds) & set(heldout_seeds):
         raise ValueError("train and held-out seeds overlap")
     train_stats, heldout_stats = TraceStats(), TraceStats()
@@ -146,12 +171,14 @@ def build_sft_datasets(
     )
     heldout_rows = collect_traces(interface, tasks, heldout_seeds, stats=heldout_stats, rng_seed=seed + 1, **common)
     balanced = balance_action_types(train_rows, max_type_fraction, seed, group_by=balance_by)
-    trained = oversample_rows(balanced, oversample)
+    shifted = drop_candidates(balanced, drop_fraction, seed)
+    trained = oversample_rows(shifted, oversample)
     stats = {
         "teacher": teacher,
         "train_rows_raw": len(train_rows),
         "train_rows": len(trained),
         "train_rows_repeated": len(trained) - len(balanced),
+        "train_rows_candidate_dropped": sum(a is not b for a, b in zip(balanced, shifted, strict=True)),
         "heldout_rows": len(heldout_rows),
         "skipped_unlisted_teacher_actions": train_stats.skipped + heldout_stats.skipped,
         "train_action_types_raw": dict(Counter(r["action_type"] for r in train_rows)),

@@ -122,6 +122,13 @@ class ScriptArguments(RolloutConfig):
     sft_balance_by_task: bool = field(
         default=True, metadata={"help": "SFT warm start: cap every action type's share within each task's rows."}
     )
+    sft_drop_candidate: float = field(
+        default=0.0,
+        metadata={
+            "help": "SFT warm start: fraction of the rows shown with one listed candidate (not the answer) left "
+            "out and the rest renumbered, against answers learnt as positions (0 = off)."
+        },
+    )
     sft_oversample: list[str] = field(
         default_factory=list,
         metadata={
@@ -187,6 +194,8 @@ class ScriptArguments(RolloutConfig):
             if str(getattr(self, flag)).lower() not in ("auto", "true", "false"):
                 raise ValueError(f"--{flag} must be auto, true or false, not {getattr(self, flag)!r}")
         check_oversample(self.sft_oversample, self.tasks, "--sft_oversample")
+        if not 0.0 <= self.sft_drop_candidate <= 1.0:
+            raise ValueError(f"--sft_drop_candidate must be in [0, 1], got {self.sft_drop_candidate}")
         unknown = set(self.eval_sampled) - {"base", "sft", "grpo"}
         if unknown:
             raise ValueError(f"--eval_sampled takes base, sft and grpo, not {sorted(unknown)}")

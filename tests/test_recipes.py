@@ -124,7 +124,7 @@ def test_sft_recipe_dagger_round_labels_the_students_states(warm_model, tmp_path
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "2", "--train_seeds", "1",
         "--heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe", "--save_strategy", "no",
         "--dagger_rounds", "1", "--dagger_seeds", "5", "--use_peft", str(use_peft),
-        "--oversample", "hard_bench_stage_30:25-29:2",
+        "--oversample", "hard_bench_stage_30:25-29:2", "--drop_candidate", "0.5",
     ]  # fmt: skip
     saved = "adapter_model.safetensors" if use_peft else "model.safetensors"
     report = recipe.main(*recipe.parse_args(flags))
@@ -139,6 +139,8 @@ def test_sft_recipe_dagger_round_labels_the_students_states(warm_model, tmp_path
     train = load_from_disk(str(tmp_path / "dataset" / "train"))
     stats = json.loads((tmp_path / "dataset" / "stats.json").read_text())
     assert stats["train_rows_repeated"] == sum(1 for d in train["day"] if d >= 25) // 2 > 0
+    # About half the rows list one candidate fewer (the answer is never the one left out).
+    assert 0 < info["rows_candidate_dropped"] < info["rows"] and 0 < stats["train_rows_candidate_dropped"]
     for folder in (tmp_path / "round-0", tmp_path / "round-1", tmp_path):
         assert (folder / saved).is_file() and (folder / "adapter_config.json").is_file() == use_peft
     # The last round's student played the DAgger seeds too; the saved model is the round that scored best.

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
 
 import env.agent  # noqa: F401
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.sft import balance_action_types, best_round, build_sft_datasets, oversample_rows, parse_oversample
+from recruit_trl.sft import (
+    balance_action_types,
+    best_round,
+    build_sft_datasets,
+    drop_candidates,
+    oversample_rows,
+    parse_oversample,
+)
 
 INTERFACE = get_env_interface("clinical")
 
@@ -85,6 +93,34 @@ def test_oversampling_repeats_the_chosen_days_of_a_task():
 
     with pytest.raises(ValueError, match="its task is not one of --tasks"):  # a typo would repeat nothing
         ScriptArguments(sft_oversample=["hardbench:137-179:3"])
+
+
+def test_dropping_candidates_shows_the_same_choices_at_shifted_positions():
+    from recruit_trl.traces import collect_traces
+
+    rows = collect_traces(INTERFACE, ["medium_bench"], [5], teacher="expert", max_days=60)
+    assert drop_candidates(rows, 0.0) == rows
+
+    def chosen_line(row):  # the text of the answer's line in the listed candidates
+        k = json.loads(row["completion"])["action_index"]
+        return row["messages"][-1]["content"].split("\nActions:\n")[1].split("\n")[k].partition(": ")[2]
+
+    every = drop_candidates(rows, 1.0, seed=3)
+    assert len(every) == len(rows)
+    for before, after in zip(rows, every, strict=True):
+        assert len(after["candidate_types"]) == len(before["candidate_types"]) - 1
+        assert chosen_line(after) == chosen_line(before) and after["action_type"] == before["action_type"]
+    shifted = sum(json.loads(a["completion"]) != json.loads(b["completion"]) for a, b in zip(rows, every, strict=True))
+    assert 0 < shifted < len(rows)  # answers move when a line above them goes, stay when one below does
+    some = drop_candidates(rows, 0.3, seed=3)
+    assert 0 < sum(a is not b for a, b in zip(rows, some, strict=True)) < len(rows)
+    assert drop_candidates(rows, 0.3, seed=3) == some  # seeded
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        drop_candidates(rows, 1.5)
+    from recruit_trl.training import ScriptArguments
+
+    with pytest.raises(ValueError, match="--sft_drop_candidate must be in"):
+        ScriptArguments(sft_drop_candidate=-0.1)
 
 
 def test_best_round_keeps_the_best_mean_over_tasks_and_the_latest_on_ties():
