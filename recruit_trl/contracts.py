@@ -139,6 +139,11 @@ def completion_text(action: Action, contract: str, candidates: Sequence[Action])
     raise ValueError(f"Unknown action contract {contract!r}; expected one of {CONTRACTS}")
 
 
+def numbered_listing(descriptions: Sequence[str]) -> str:
+    """The candidate list of an index-contract prompt: ``Actions:`` and one numbered line per candidate."""
+    return "Actions:\n" + "\n".join(f"{k}: {text}" for k, text in enumerate(descriptions))
+
+
 def drop_listed_candidate(row: Mapping[str, Any], j: int) -> dict[str, Any]:
     """A copy of an index-contract trace row without its listed candidate ``j`` (not the answer): the list below
     ``Actions:`` renumbered, the answer's index and ``candidate_types`` moved with it.
@@ -154,8 +159,7 @@ def drop_listed_candidate(row: Mapping[str, Any], j: int) -> dict[str, Any]:
     if not 0 <= j < len(lines) or j == answer:
         raise ValueError(f"cannot drop candidate {j} of {len(lines)} (answer {answer})")
     kept = [line.partition(": ")[2] for k, line in enumerate(lines) if k != j]
-    listing = "\n".join(f"{k}: {text}" for k, text in enumerate(kept))
-    messages = [*row["messages"][:-1], {**row["messages"][-1], "content": f"{head}{sep}{listing}"}]
+    messages = [*row["messages"][:-1], {**row["messages"][-1], "content": f"{head}\n{numbered_listing(kept)}"}]
     types = [t for k, t in enumerate(row["candidate_types"]) if k != j]
     completion = json.dumps({"action_index": answer - (j < answer)})
     return {**row, "messages": messages, "completion": completion, "candidate_types": types}
@@ -175,8 +179,7 @@ def build_messages(
     user = interface.render(obs, recent)
     if contract == "index":
         candidates = interface.candidate_actions(obs) if candidates is None else candidates
-        listing = "\n".join(f"{k}: {interface.describe_action(a, obs)}" for k, a in enumerate(candidates))
-        user = f"{user}\nActions:\n{listing}"
+        user = f"{user}\n{numbered_listing([interface.describe_action(a, obs) for a in candidates])}"
     return [
         {"role": "system", "content": f"{interface.system_prompt}\n{instructions}"},
         {"role": "user", "content": user},

@@ -196,6 +196,8 @@ class ScriptArguments(RolloutConfig):
         check_oversample(self.sft_oversample, self.tasks, "--sft_oversample")
         if not 0.0 <= self.sft_drop_candidate <= 1.0:
             raise ValueError(f"--sft_drop_candidate must be in [0, 1], got {self.sft_drop_candidate}")
+        if self.sft_drop_candidate and self.contract != "index":
+            raise ValueError("--sft_drop_candidate needs the index contract (--contract index)")
         unknown = set(self.eval_sampled) - {"base", "sft", "grpo"}
         if unknown:
             raise ValueError(f"--eval_sampled takes base, sft and grpo, not {sorted(unknown)}")

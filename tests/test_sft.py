@@ -121,6 +121,8 @@ def test_dropping_candidates_shows_the_same_choices_at_shifted_positions():
 
     with pytest.raises(ValueError, match="--sft_drop_candidate must be in"):
         ScriptArguments(sft_drop_candidate=-0.1)
+    with pytest.raises(ValueError, match="needs the index contract"):
+        ScriptArguments(sft_drop_candidate=0.2, contract="json")
 
 
 def test_best_round_keeps_the_best_mean_over_tasks_and_the_latest_on_ties():
