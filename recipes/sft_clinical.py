@@ -40,6 +40,7 @@ from recruit_trl.sft import (
     balance_action_types,
     best_round,
     build_sft_datasets,
+    check_drop_candidate,
     check_oversample,
     dagger_rows,
     drop_candidates,
@@ -120,10 +121,7 @@ class SFTScriptArguments:
         if str(self.token_metrics).lower() not in ("auto", "true", "false"):
             raise ValueError(f"--token_metrics must be auto, true or false, not {self.token_metrics!r}")
         check_oversample(self.oversample, self.tasks)
-        if not 0.0 <= self.drop_candidate <= 1.0:
-            raise ValueError(f"--drop_candidate must be in [0, 1], got {self.drop_candidate}")
-        if self.drop_candidate and self.contract != "index":
-            raise ValueError("--drop_candidate needs the index contract (--contract index)")
+        check_drop_candidate(self.drop_candidate, self.contract)
 
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:

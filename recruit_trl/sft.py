@@ -85,6 +85,15 @@ def check_oversample(specs: Sequence[str], tasks: Sequence[str], flag: str = "--
             raise ValueError(f"{flag} {spec!r}: its task is not one of --tasks {list(tasks)}")
 
 
+def check_drop_candidate(fraction: float, contract: str, flag: str = "--drop_candidate") -> None:
+    """Raise a clear ``ValueError`` for a fraction outside [0, 1], or for a non-zero one without the index contract
+    (a JSON answer names no listed candidate to leave out)."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"{flag} must be in [0, 1], got {fraction}")
+    if fraction and contract != "index":
+        raise ValueError(f"{flag} needs the index contract (--contract index)")
+
+
 def oversample_rows(rows: Sequence[dict[str, Any]], specs: Sequence[str]) -> list[dict[str, Any]]:
     """Every row of a chosen task on a chosen range of days repeated ``FACTOR`` times in all (the rest once).
 

@@ -23,7 +23,7 @@ from recruit_trl.anchors import (
 )
 from recruit_trl.protocol import EnvInterface
 from recruit_trl.rollout import RolloutConfig
-from recruit_trl.sft import check_oversample
+from recruit_trl.sft import check_drop_candidate, check_oversample
 from recruit_trl.traces import collect_traces
 
 # The main job scores each sampled action by the final grade of its episode (continued to the end by a fast
@@ -194,10 +194,7 @@ class ScriptArguments(RolloutConfig):
             if str(getattr(self, flag)).lower() not in ("auto", "true", "false"):
                 raise ValueError(f"--{flag} must be auto, true or false, not {getattr(self, flag)!r}")
         check_oversample(self.sft_oversample, self.tasks, "--sft_oversample")
-        if not 0.0 <= self.sft_drop_candidate <= 1.0:
-            raise ValueError(f"--sft_drop_candidate must be in [0, 1], got {self.sft_drop_candidate}")
-        if self.sft_drop_candidate and self.contract != "index":
-            raise ValueError("--sft_drop_candidate needs the index contract (--contract index)")
+        check_drop_candidate(self.sft_drop_candidate, self.contract, "--sft_drop_candidate")
         unknown = set(self.eval_sampled) - {"base", "sft", "grpo"}
         if unknown:
             raise ValueError(f"--eval_sampled takes base, sft and grpo, not {sorted(unknown)}")
