@@ -26,6 +26,7 @@ CONTRACTS = ("index", "json")
 # Generation budgets per contract: {"action_index": 27} is 7-8 tokens with a small BPE tokenizer.
 MAX_NEW_TOKENS = {"index": 12, "json": 96}
 
+LISTING_HEADER = "Actions:\n"  # opens the numbered candidate list (rendered, and parsed back by drop_listed_candidate)
 INDEX_INSTRUCTIONS = 'Reply with one JSON object {"action_index": N} choosing an action from the list.'
 JSON_INSTRUCTIONS = (
     "Answer with exactly one JSON object: the action, with its action_type and arguments (patient_id, site_id, "
@@ -141,7 +142,7 @@ def completion_text(action: Action, contract: str, candidates: Sequence[Action])
 
 def numbered_listing(descriptions: Sequence[str]) -> str:
     """The candidate list of an index-contract prompt: ``Actions:`` and one numbered line per candidate."""
-    return "Actions:\n" + "\n".join(f"{k}: {text}" for k, text in enumerate(descriptions))
+    return LISTING_HEADER + "\n".join(f"{k}: {text}" for k, text in enumerate(descriptions))
 
 
 def drop_listed_candidate(row: Mapping[str, Any], j: int) -> dict[str, Any]:
@@ -151,7 +152,7 @@ def drop_listed_candidate(row: Mapping[str, Any], j: int) -> dict[str, Any]:
     Raises:
         ValueError: when ``j`` is the answer, is not listed, or the row is not an index-contract row.
     """
-    head, sep, listing = row["messages"][-1]["content"].partition("\nActions:\n")
+    head, sep, listing = row["messages"][-1]["content"].partition(f"\n{LISTING_HEADER}")
     lines = listing.split("\n")
     answer = parse_index(row["completion"], len(lines))[0]
     if not sep or answer is None:
