@@ -213,6 +213,7 @@ def report_runs(script_args, training_args, model_path: str) -> list[tuple[str, 
         seeds=tuple(parse_int_ranges(script_args.eval_seeds)),
         contract=script_args.contract,
         recent_k=script_args.recent_k,
+        constrained=script_args.eval_constrained,
     )
     runs = []
     for label, policy in policies.items():

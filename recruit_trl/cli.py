@@ -100,6 +100,9 @@ def _add_eval(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--teacher", help="policy to compute teacher match against (e.g. expert)")
     p.add_argument("--temperature", type=float, default=0.0, help="model sampling temperature (0 = greedy)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling with --temperature > 0 (1 = off)")
+    p.add_argument(
+        "--constrained", action="store_true", help="constrained decoding: models can only answer a listed candidate"
+    )
     p.add_argument("--batch-size", type=int, default=64, help="episodes per batched generate() call")
     p.add_argument("--json", help="write {results, config, versions} to this file")
     p.add_argument("--plot", help="write a PNG comparing the policies' final scores")
@@ -126,6 +129,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_p=args.top_p,
         batch_size=args.batch_size,
+        constrained=args.constrained,
     )
     report = evaluate(args.policy, config, progress=not args.no_progress, trace_path=args.trace)
     print(format_table(report["results"]))

@@ -140,6 +140,13 @@ def completion_text(action: Action, contract: str, candidates: Sequence[Action])
     raise ValueError(f"Unknown action contract {contract!r}; expected one of {CONTRACTS}")
 
 
+def answer_texts(contract: str, candidates: Sequence[Action]) -> list[str]:
+    """The texts a model may write to take one of ``candidates`` (constrained decoding's legal answers)."""
+    if contract == "index":
+        return [json.dumps({"action_index": k}) for k in range(len(candidates))]
+    return [completion_text(action, contract, candidates) for action in candidates]
+
+
 def numbered_listing(descriptions: Sequence[str]) -> str:
     """The candidate list of an index-contract prompt: ``Actions:`` and one numbered line per candidate."""
     return LISTING_HEADER + "\n".join(f"{k}: {text}" for k, text in enumerate(descriptions))

@@ -37,7 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from recruit_trl.anchors import AnchorState
-from recruit_trl.contracts import CONTRACTS, MAX_NEW_TOKENS, build_messages, digest, parse_action, parse_json_object
+from recruit_trl.contracts import (
+    CONTRACTS,
+    MAX_NEW_TOKENS,
+    answer_texts,
+    build_messages,
+    digest,
+    parse_action,
+    parse_json_object,
+)
 from recruit_trl.protocol import EnvInterface, get_env_interface
 from recruit_trl.traces import match_candidate, same_action, trace_row
 
@@ -48,7 +56,7 @@ REFERENCE_BEST = {"easy_bench": 0.607, "medium_bench": 0.533, "hard_bench": 0.56
 REFERENCE_LLM_ENROLLED = (3, 5)
 ENROLLED_AT_DAYS = (15, 30)
 # Bumped when the result rows gain fields, so that cached evaluations without them are redone.
-EVAL_SCHEMA = 2
+EVAL_SCHEMA = 3
 
 
 @dataclass
@@ -66,6 +74,7 @@ class EvalConfig:
     batch_size: int = 64
     policy_seed: int = 0
     max_new_tokens: int | None = None
+    constrained: bool = False  # models answer only with a listed candidate (recruit_trl.generation, allowed=)
 
 
 @dataclass
@@ -85,6 +94,8 @@ class EpisodeLog:
     action_types: Counter = field(default_factory=Counter)
     score_terms: dict[str, float] | None = None
     enrolled_by_day: list[int] = field(default_factory=list)  # enrolled after each decision
+    own_valid: int = 0  # decisions where the model's own answer was legal (free: it parsed; constrained: unchanged)
+    own_checked: int = 0
 
 
 class Evaluator:
@@ -153,7 +164,7 @@ class Evaluator:
         model, tokenizer = load_policy_model(path)
         from transformers import GenerationConfig
 
-        from recruit_trl.generation import sample
+        from recruit_trl.generation import answer_token_ids, sample
 
         cfg = self.config
         do_sample = cfg.temperature > 0
@@ -186,11 +197,21 @@ class Evaluator:
                     messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
                 )
                 prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-            completions, _ = sample(model, tokenizer, prompts, gen_config, max_new, cfg.batch_size)
+            allowed = None
+            if cfg.constrained:
+                allowed = [answer_token_ids(tokenizer, answer_texts(cfg.contract, candidates[i])) for i in active]
+            unchanged: list[bool | None] = []
+            completions, _ = sample(
+                model, tokenizer, prompts, gen_config, max_new, cfg.batch_size, allowed=allowed, unchanged=unchanged
+            )
             texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
             still = []
-            for i, text in zip(active, texts, strict=True):
+            for i, text, same in zip(active, texts, unchanged, strict=True):
                 parsed = parse_action(text, cfg.contract, self.interface, obs[i], candidates[i])
+                own = parsed.valid if allowed is None else same
+                if own is not None:
+                    logs[i].own_checked += 1
+                    logs[i].own_valid += int(own)
                 taught = self._teacher_action(envs[i], obs[i], rngs[i])
                 day = logs[i].length
                 if self.labelled_rows is not None and taught is not None:
@@ -323,6 +344,13 @@ def aggregate(policy: str, logs: Sequence[EpisodeLog], is_model: bool) -> list[d
                 "valid_action_rate": round(sum(log.valid for log in group) / max(1, decisions), 4),
                 "fallback_rate": round(sum(log.fallback for log in group) / decisions, 4) if is_model else None,
                 "teacher_match": round(sum(log.teacher_match for log in group) / checked, 4) if checked else None,
+                # The model's own answers that were legal: free decoding, those that parsed; greedy constrained
+                # decoding, those the constraint did not change (None for sampled constrained runs and policies).
+                "own_answer_valid_rate": (
+                    round(sum(log.own_valid for log in group) / own, 4)
+                    if (own := sum(log.own_checked for log in group))
+                    else None
+                ),
                 "action_types": {k: round(v / max(1, decisions), 4) for k, v in sorted(types.items())},
                 # Where the points come from: mean of each weighted part of the grade (when the interface says).
                 "score_terms_mean": (
@@ -395,15 +423,16 @@ def evaluate(
 
 
 def cached_evaluation(config: EvalConfig, path: str | Path) -> dict[str, Any] | None:
-    """The evaluation in the JSON file ``path`` if it was written for the same tasks, seeds, contract, temperature
-    and top-p as ``config`` (and rows of the current :data:`EVAL_SCHEMA`), else ``None``."""
+    """The evaluation in the JSON file ``path`` if it was written for the same tasks, seeds, contract, temperature,
+    top-p and decoding constraint as ``config`` (and rows of the current :data:`EVAL_SCHEMA`), else ``None``."""
     path = Path(path)
     part = json.loads(path.read_text()) if path.is_file() else {}
-    return part if part and all(part.get(k) == v for k, v in _cache_key(config).items()) else None
+    same = part and all(part.get(k) == v for k, v in _cache_key(config).items())
+    return part if same and bool(part.get("constrained")) == config.constrained else None
 
 
 def _cache_key(config: EvalConfig) -> dict[str, Any]:
-    return {
+    key = {
         "tasks": list(config.tasks),
         "seeds": list(config.seeds),
         "contract": config.contract,
@@ -411,6 +440,9 @@ def _cache_key(config: EvalConfig) -> dict[str, Any]:
         "top_p": config.top_p,
         "schema": EVAL_SCHEMA,
     }
+    if config.constrained:  # only then, so that earlier (free) evaluations stay valid
+        key["constrained"] = True
+    return key
 
 
 def evaluate_cached(

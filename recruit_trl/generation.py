@@ -3,6 +3,11 @@
 Used by the rollout functions (with the trainer's current policy, unwrapped for DDP / DeepSpeed ZeRO-3) and
 by evaluation (many episodes in lock-step). Log-probabilities come from the *processed* scores (after
 temperature / top-p), i.e. the distribution the tokens were actually sampled from.
+
+Constrained decoding (``allowed=``): each prompt may carry the token sequences of its legal answers (for the index
+contract, ``{"action_index": k}`` for every listed candidate; see :func:`answer_token_ids`), and generation is then
+restricted to a prefix of one of them followed by an end token: a masked token is never sampled, so every answer
+parses. The log-probabilities are those of the masked (renormalised) distribution the tokens were drawn from.
 """
 
 from __future__ import annotations
@@ -25,6 +30,39 @@ def eos_ids(tokenizer: PreTrainedTokenizerBase, generation_config: GenerationCon
     return ids
 
 
+TokenSequences = list[list[int]]  # the token ids of the answers one prompt may be completed with
+
+
+def answer_token_ids(tokenizer: PreTrainedTokenizerBase, answers: Sequence[str]) -> TokenSequences:
+    """The token ids of each answer text, as the model writes it after the generation prompt."""
+    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in answers]
+
+
+def _prefix_tree(sequences: TokenSequences, ends: set[int]) -> dict:
+    root: dict = {}
+    for seq in sequences:
+        node = root
+        for tok in seq:
+            node = node.setdefault(tok, {})
+        for end in ends:
+            node.setdefault(end, {})
+    return root
+
+
+def _allowed_tokens_fn(trees: list[dict], width: int, pad_id: int):
+    """``prefix_allowed_tokens_fn`` for ``generate``: the tokens that keep row ``i`` on a path of ``trees[i]``."""
+
+    def allowed(row: int, input_ids: torch.Tensor) -> list[int]:
+        node = trees[row]
+        for tok in input_ids[width:].tolist():
+            node = node.get(tok)
+            if node is None:  # only after the end token (the row is finished and padded)
+                return [pad_id]
+        return list(node) or [pad_id]
+
+    return allowed
+
+
 @torch.no_grad()
 def sample(
     model: PreTrainedModel,
@@ -33,8 +71,17 @@ def sample(
     generation_config: GenerationConfig,
     max_new_tokens: int,
     chunk_size: int = 64,
+    allowed: Sequence[TokenSequences] | None = None,
+    unchanged: list[bool | None] | None = None,
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Sample one completion per prompt (left-padded batches of ``chunk_size``).
+
+    Args:
+        allowed: per prompt, the token sequences of its legal answers (constrained decoding); ``None`` for free
+            generation.
+        unchanged: with ``allowed`` and greedy decoding, filled with one flag per completion: whether the model's
+            own greedy choice was allowed at every step, i.e. free decoding would have written the same (legal)
+            answer (``None`` when sampling).
 
     Returns:
         ``(completion_ids, logprobs)``: each completion is cut after its first EOS token (kept, so TRL sees
@@ -44,6 +91,8 @@ def sample(
     config.max_new_tokens = max_new_tokens
     config.output_scores = True
     config.return_dict_in_generate = True
+    check_unchanged = unchanged is not None and allowed is not None and not config.do_sample
+    config.output_logits = check_unchanged  # the unprocessed logits: the model's own greedy choice
     stop = eos_ids(tokenizer, config)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(stop))
     config.pad_token_id = pad_id
@@ -60,10 +109,15 @@ def sample(
         for row, ids in enumerate(batch):
             input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention[row, width - len(ids) :] = 1
+        constraint = None
+        if allowed is not None:
+            trees = [_prefix_tree(seqs, stop) for seqs in allowed[start : start + chunk_size]]
+            constraint = _allowed_tokens_fn(trees, width, pad_id)
         out = model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
             generation_config=config,
+            prefix_allowed_tokens_fn=constraint,
         )
         new = out.sequences[:, width:].cpu()
         token_logps = torch.stack(
@@ -71,12 +125,15 @@ def sample(
              for t, s in enumerate(out.scores)],
             dim=1,
         )  # fmt: skip
+        own = torch.stack([logits.argmax(-1).cpu() for logits in out.logits], dim=1) if check_unchanged else None
         for row in range(len(batch)):
             ids = new[row].tolist()
             end = next((k + 1 for k, tok in enumerate(ids) if tok in stop), len(ids))
             end = max(end, 1)
             completions.append(ids[:end])
             logprobs.append(token_logps[row, :end].tolist())
+            if unchanged is not None:
+                unchanged.append(own[row, :end].tolist() == ids[:end] if own is not None else None)
     return completions, logprobs
 
 

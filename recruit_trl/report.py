@@ -188,11 +188,13 @@ def summary(report: dict[str, Any]) -> str:
     tasks = list(dict.fromkeys(r["task"] for r in results))
     policies = list(dict.fromkeys(r["policy"] for r in results))
     by_key = {(r["policy"], r["task"]): r for r in results}
-    head = f"{'policy':<12}" + "".join(f"{t:>24}" for t in tasks) + f"{'valid':>8}"
+    # "own": the model's own answers that were legal, when constrained decoding made every answer legal.
+    own_col = any(r.get("own_answer_valid_rate") is not None and r["fallback_rate"] == 0 for r in results)
+    head = f"{'policy':<12}" + "".join(f"{t:>24}" for t in tasks) + f"{'valid':>8}" + (f"{'own':>8}" * own_col)
     seeds = report.get("config", {}).get("eval_seeds", "?")
     lines = [f"held-out final score (mean ± sd) and (enrolled), seeds {seeds}", head, "-" * len(head)]
     for policy in policies:
-        cells, valid = [], []
+        cells, valid, own = [], [], []
         for task in tasks:
             r = by_key.get((policy, task))
             if r is None or r["final_score_mean"] is None:
@@ -202,8 +204,11 @@ def summary(report: dict[str, Any]) -> str:
                 f"{r['final_score_mean']:>.3f} ± {r['final_score_sd']:.3f} ({r['enrolled_mean']:>4.1f})".rjust(24)
             )
             valid.append(r["valid_action_rate"])
+            if r.get("own_answer_valid_rate") is not None:
+                own.append(r["own_answer_valid_rate"])
         v = f"{100 * min(valid):.1f}%" if valid else "-"  # tenths: 98.7 % is not the 99 % target
-        lines.append(f"{policy:<12}" + "".join(cells) + f"{v:>8}")
+        o = (f"{100 * min(own):.1f}%" if own else "-").rjust(8) if own_col else ""
+        lines.append(f"{policy:<12}" + "".join(cells) + f"{v:>8}" + o)
     ref = "".join(f"{REFERENCE_BEST.get(t, float('nan')):>24.3f}" for t in tasks)
     lines.append(f"{'reference':<12}{ref}")
     days = " / ".join(f"day {d}" for d in ENROLLED_AT_DAYS)

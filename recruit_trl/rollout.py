@@ -40,8 +40,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recruit_trl.anchors import Anchor, AnchorCache, AnchorState, anchor_from_prompt
-from recruit_trl.contracts import CONTRACTS, MAX_NEW_TOKENS, ParsedAction, build_messages, digest, parse_action
-from recruit_trl.generation import policy_for_generation, sample
+from recruit_trl.contracts import (
+    CONTRACTS,
+    MAX_NEW_TOKENS,
+    ParsedAction,
+    answer_texts,
+    build_messages,
+    digest,
+    parse_action,
+)
+from recruit_trl.generation import answer_token_ids, policy_for_generation, sample
 from recruit_trl.protocol import Action, EnvInterface, get_env_interface
 from recruit_trl.traces import same_action
 
@@ -94,6 +102,12 @@ class RolloutConfig:
     enable_thinking: bool = field(
         default=False, metadata={"help": "Passed to the chat template (Qwen3 thinks before answering when True)."}
     )
+    constrained_decoding: bool = field(
+        default=False,
+        metadata={"help": "Sample only answers that take a listed candidate (masked tokens are never drawn), so "
+                  "every rollout action is the model's own; the index contract's invalid-answer penalty then "
+                  "never applies."},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -296,7 +310,7 @@ class BranchRollout(_RolloutBase):
         self.scorer.env_seconds += time.perf_counter() - t0
         prompt_ids = [self.prompt_for(tokenizer, a, s, c) for a, s, c in zip(anchors, states, candidates, strict=True)]
 
-        completion_ids, logprobs = self._generate(trainer, model, tokenizer, generation_config, prompt_ids)
+        completion_ids, logprobs = self._generate(trainer, model, tokenizer, generation_config, prompt_ids, candidates)
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         parsed = [
             parse_action(text, self.config.contract, self.interface, state.obs, cands)
@@ -315,17 +329,20 @@ class BranchRollout(_RolloutBase):
         self.log_metrics(trainer, rows, time.perf_counter() - start, gen_tokens, len(rows), prompt_tokens)
         return out
 
-    def _generate(self, trainer, model, tokenizer, generation_config, prompt_ids):
+    def _generate(self, trainer, model, tokenizer, generation_config, prompt_ids, candidates):
+        """One decision per prompt; with ``constrained_decoding``, only the texts that take one of ``candidates``."""
         n_tokens = self.config.decision_tokens
         chunk = self.config.generation_chunk
+        allowed = None
+        if self.config.constrained_decoding:
+            allowed = [answer_token_ids(tokenizer, answer_texts(self.config.contract, c)) for c in candidates]
         if trainer is None:
-            return sample(model, tokenizer, prompt_ids, generation_config, n_tokens, chunk)
+            return sample(model, tokenizer, prompt_ids, generation_config, n_tokens, chunk, allowed=allowed)
         if getattr(trainer, "use_vllm", False):
             raise NotImplementedError("recruit_trl rollouts generate with transformers; set use_vllm=False.")
         with policy_for_generation(trainer) as policy:
-            return sample(
-                policy, tokenizer, prompt_ids, generation_config or trainer.generation_config, n_tokens, chunk
-            )
+            config = generation_config or trainer.generation_config
+            return sample(policy, tokenizer, prompt_ids, config, n_tokens, chunk, allowed=allowed)
 
     @staticmethod
     def _key(anchor: Anchor, action: Action) -> tuple[str, str]:
@@ -418,7 +435,7 @@ class BranchRollout(_RolloutBase):
                 )
                 for b, c in zip(active, candidates, strict=True)
             ]
-            ids, _ = self._generate(trainer, model, tokenizer, greedy, prompts)
+            ids, _ = self._generate(trainer, model, tokenizer, greedy, prompts, candidates)
             for b, c, text in zip(
                 active, candidates, tokenizer.batch_decode(ids, skip_special_tokens=True), strict=True
             ):
@@ -518,7 +535,9 @@ class WindowRollout(_RolloutBase):
             if not active:
                 break
             contexts = [prompt_ids[i] + completion_ids[i] for i in active]
-            new_ids, new_logps = self._generate(trainer, model, tokenizer, generation_config, contexts)
+            new_ids, new_logps = self._generate(
+                trainer, model, tokenizer, generation_config, contexts, [candidates[i] for i in active]
+            )
             texts = tokenizer.batch_decode(new_ids, skip_special_tokens=True)
             for i, ids, lps, text in zip(active, new_ids, new_logps, texts, strict=True):
                 completion_ids[i] += ids

@@ -185,6 +185,13 @@ class ScriptArguments(RolloutConfig):
     eval_top_p: float = field(
         default=0.8, metadata={"help": "Nucleus for the sampled evaluation (trims malformed answers; 1 = off)."}
     )
+    eval_constrained: bool = field(
+        default=True,
+        metadata={"help": "Evaluate the models with constrained decoding: they can only answer a listed candidate "
+                  "(as with structured outputs in deployment); the rows' own_answer_valid_rate still gives the "
+                  "share of the model's own greedy answers that were legal ('false': free decoding, where an "
+                  "illegal answer plays the parser's fallback)."},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         super().__post_init__()

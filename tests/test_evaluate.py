@@ -15,7 +15,7 @@ TASK = "hard_bench_stage_30"
 RESULT_KEYS = {
     "policy", "task", "episodes", "final_score_mean", "final_score_sd", "enrolled_mean", "budget_left_mean",
     "episode_length_mean", "strict_json_rate", "valid_action_rate", "fallback_rate", "teacher_match", "action_types",
-    "score_terms_mean", "enrolled_at_mean", "enrolled_peak_mean", "enrolled_by_day_mean",
+    "score_terms_mean", "enrolled_at_mean", "enrolled_peak_mean", "enrolled_by_day_mean", "own_answer_valid_rate",
 }  # fmt: skip
 
 
@@ -97,6 +97,38 @@ def test_sampled_evaluation_repeats_exactly(tiny_model):
     assert evaluate([f"model:{tiny_model}"], config, progress=False)["config"]["top_p"] == 0.8
 
 
+def test_constrained_decoding_answers_only_listed_candidates(tiny_model):
+    from transformers import GenerationConfig
+
+    from recruit_trl.contracts import answer_texts
+    from recruit_trl.evaluate import load_policy_model
+    from recruit_trl.generation import answer_token_ids, eos_ids, sample
+
+    model, tokenizer = load_policy_model(str(tiny_model))
+    prompts = [tokenizer("Day 3. Actions:", add_special_tokens=False)["input_ids"]] * 6
+    answers = [answer_texts("index", [{}] * n) for n in (1, 2, 3, 5, 11, 30)]
+    allowed = [answer_token_ids(tokenizer, texts) for texts in answers]
+    config = GenerationConfig(do_sample=True, temperature=3.0, top_k=None)
+    ids, logps = sample(model, tokenizer, prompts, config, 12, allowed=allowed)
+    for texts, completion, lp in zip(answers, ids, logps, strict=True):
+        assert tokenizer.decode(completion, skip_special_tokens=True) in texts
+        assert completion[-1] in eos_ids(tokenizer, model.generation_config)
+        assert len(lp) == len(completion) and lp[0] == pytest.approx(0.0, abs=1e-6)  # '{"' is forced
+
+    reports = [
+        evaluate([f"model:{tiny_model}"], EvalConfig(tasks=(TASK,), seeds=(0,), constrained=c), progress=False)
+        for c in (False, True)
+    ]
+    assert [r["config"]["constrained"] for r in reports] == [False, True]
+    (free,), (constrained,) = (r["results"] for r in reports)
+    assert free["valid_action_rate"] < 0.5  # two training steps: the free model rarely parses
+    assert constrained["valid_action_rate"] == 1.0
+    # Greedy constrained decoding changes exactly the answers that free decoding got wrong: on the first day both
+    # runs are in the same state, and later the constrained run still finds the model's own answers mostly invalid.
+    assert free["own_answer_valid_rate"] == 1 - free["fallback_rate"]
+    assert constrained["own_answer_valid_rate"] < 0.5 and constrained["fallback_rate"] == 0.0
+
+
 def test_eval_cli_writes_json_and_plot(tmp_path, capsys):
     out, png = tmp_path / "eval.json", tmp_path / "eval.png"
     args = ["eval", "--policy", "random", "--task", TASK, "--seeds", "0-1", "--json", str(out), "--plot", str(png)]
@@ -158,3 +190,39 @@ def test_report_plots_enrolment_and_summarises_it(tmp_path):
     assert " / ".join(f"{x:.1f}" for x in [*cells, safe["enrolled_mean"]]) in text.splitlines()[-2]
     worst = dict(safe, valid_action_rate=0.987)  # the lowest validity of a policy's tasks, to a tenth
     assert summary({"results": [worst]}).splitlines()[3].endswith(" 98.7%")
+    constrained = dict(safe, valid_action_rate=1.0, fallback_rate=0.0, own_answer_valid_rate=0.9812)
+    assert summary({"results": [constrained]}).splitlines()[3].endswith(" 100.0%   98.1%")  # valid, then own
+
+
+def test_greedy_constrained_decoding_flags_exactly_the_answers_it_changed(warm_model):
+    from transformers import GenerationConfig
+
+    from recruit_trl.contracts import answer_texts, parse_index
+    from recruit_trl.evaluate import load_policy_model
+    from recruit_trl.generation import answer_token_ids, sample
+    from recruit_trl.protocol import get_env_interface
+    from recruit_trl.traces import collect_traces
+
+    model, tokenizer = load_policy_model(warm_model)
+    rows = collect_traces(get_env_interface("clinical"), ["medium_bench"], [5], epsilon=0.5, max_days=60)
+    prompts = [
+        tokenizer(
+            tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        )["input_ids"]
+        for r in rows
+    ]
+    sizes = [len(r["candidate_types"]) for r in rows]
+    greedy = GenerationConfig(do_sample=False)
+    free, _ = sample(model, tokenizer, prompts, greedy, 12)
+    # Every other prompt allows every answer but 0, so that some of the model's own (valid) answers are not.
+    first = [k % 2 for k in range(len(rows))]
+    allowed = [
+        answer_token_ids(tokenizer, answer_texts("index", [{}] * n)[f:]) for n, f in zip(sizes, first, strict=True)
+    ]
+    unchanged: list = []
+    constrained, _ = sample(model, tokenizer, prompts, greedy, 12, allowed=allowed, unchanged=unchanged)
+    texts = tokenizer.batch_decode(free, skip_special_tokens=True)
+    free_ok = [(parse_index(text, n)[0] or 0) >= f for text, n, f in zip(texts, sizes, first, strict=True)]
+    assert unchanged == free_ok and any(free_ok) and not all(free_ok), sum(free_ok)
+    assert all((f == c) == same for f, c, same in zip(free, constrained, unchanged, strict=True))

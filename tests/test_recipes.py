@@ -196,6 +196,10 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     assert {r["policy"] for r in report["results"]} == {*models, *(f"{m}-sampled" for m in twice), "heuristic"}
     sampled = json.loads((tmp_path / "eval" / "grpo-sampled.json").read_text())
     assert (sampled["temperature"], sampled["top_p"]) == (1.0, 0.8) and sampled["config"]["temperature"] == 1.0
+    # Models are evaluated with constrained decoding by default: every answer legal, the model's own rate kept.
+    grpo = next(r for r in report["results"] if r["policy"] == "grpo")
+    assert sampled["constrained"] is True and grpo["fallback_rate"] == 0.0
+    assert grpo["own_answer_valid_rate"] is not None
     assert report["sft"]["valid_action_rate"] is not None
     assert report["config"]["eval_in_background"] == ["heuristic"]  # evaluated while the warm start traced
     round_args = torch.load(sft_dir / "round-1" / "training_args.bin", weights_only=False)

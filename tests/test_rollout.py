@@ -7,6 +7,7 @@ exactly; the real model path is covered by the recipe smoke tests.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -34,10 +35,11 @@ class ScriptedSampler:
     """Stands in for recruit_trl.generation.sample: answers prompt k with texts[k % len(texts)]."""
 
     def __init__(self, tokenizer, texts):
-        self.tokenizer, self.texts, self.calls = tokenizer, texts, []
+        self.tokenizer, self.texts, self.calls, self.allowed = tokenizer, texts, [], []
 
-    def __call__(self, model, tokenizer, prompt_ids, generation_config, max_new_tokens, chunk_size=64):
+    def __call__(self, model, tokenizer, prompt_ids, generation_config, max_new_tokens, chunk_size=64, allowed=None):
         self.calls.append([list(p) for p in prompt_ids])
+        self.allowed.append(allowed)
         ids = [
             self.tokenizer(self.texts[k % len(self.texts)], add_special_tokens=False)["input_ids"]
             + [self.tokenizer.eos_token_id]
@@ -87,6 +89,21 @@ def test_invalid_output_plays_the_fallback(tokenizer, monkeypatch):
     fallback = [INTERFACE.action_type(INTERFACE.fallback_action(s.obs)) for s in map(_state, ANCHORS)]
     assert out["valid"] == [0.0] * 4
     assert out["action_type"] == [fallback[0]] * 2 + [fallback[1]] * 2
+
+
+@pytest.mark.parametrize("mode", ["branch", "window"])
+def test_constrained_decoding_offers_every_listed_answer_and_nothing_else(tokenizer, monkeypatch, mode):
+    config = RolloutConfig(mode=mode, horizon=2, self_horizon=2 if mode == "branch" else 0, window_turns=2)
+    _, sampler = run(make_rollout(config, INTERFACE), tokenizer, monkeypatch, ['{"action_index": 0}'], group=2)
+    assert sampler.allowed and all(a is None for a in sampler.allowed)  # off by default: free generation
+
+    constrained = make_rollout(replace(config, constrained_decoding=True), INTERFACE)
+    out, sampler = run(constrained, tokenizer, monkeypatch, ['{"action_index": 0}'], group=2)
+    assert len(sampler.allowed) == (3 if mode == "branch" else 2)  # then two greedy days, or a second turn
+    listed = [len(INTERFACE.candidate_actions(_state(a).obs)) for a in ANCHORS for _ in range(2)]
+    first = [[tokenizer.decode(ids) for ids in answers] for answers in sampler.allowed[0]]
+    assert first == [[f'{{"action_index": {k}}}' for k in range(n)] for n in listed]
+    assert out["valid"] == [1.0] * 4
 
 
 def _state(anchor):
