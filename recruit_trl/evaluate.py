@@ -164,7 +164,7 @@ class Evaluator:
         model, tokenizer = load_policy_model(path)
         from transformers import GenerationConfig
 
-        from recruit_trl.generation import answer_token_ids, sample
+        from recruit_trl.generation import answer_token_ids, encode_prompt, sample
 
         cfg = self.config
         do_sample = cfg.temperature > 0
@@ -193,10 +193,7 @@ class Evaluator:
             for i in active:
                 shown = recent[i][len(recent[i]) - cfg.recent_k :] if cfg.recent_k > 0 else []
                 messages = messages_of[i] = build_messages(self.interface, obs[i], shown, cfg.contract, candidates[i])
-                text = tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
-                )
-                prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+                prompts.append(encode_prompt(tokenizer, messages, enable_thinking=False))
             allowed = None
             if cfg.constrained:
                 allowed = [answer_token_ids(tokenizer, answer_texts(cfg.contract, candidates[i])) for i in active]
@@ -427,22 +424,19 @@ def cached_evaluation(config: EvalConfig, path: str | Path) -> dict[str, Any] | 
     top-p and decoding constraint as ``config`` (and rows of the current :data:`EVAL_SCHEMA`), else ``None``."""
     path = Path(path)
     part = json.loads(path.read_text()) if path.is_file() else {}
-    same = part and all(part.get(k) == v for k, v in _cache_key(config).items())
-    return part if same and bool(part.get("constrained")) == config.constrained else None
+    return part if part and all(part.get(k) == v for k, v in _cache_key(config).items()) else None
 
 
 def _cache_key(config: EvalConfig) -> dict[str, Any]:
-    key = {
+    return {
         "tasks": list(config.tasks),
         "seeds": list(config.seeds),
         "contract": config.contract,
         "temperature": config.temperature,
         "top_p": config.top_p,
+        "constrained": config.constrained,
         "schema": EVAL_SCHEMA,
     }
-    if config.constrained:  # only then, so that earlier (free) evaluations stay valid
-        key["constrained"] = True
-    return key
 
 
 def evaluate_cached(

@@ -33,6 +33,13 @@ def eos_ids(tokenizer: PreTrainedTokenizerBase, generation_config: GenerationCon
 TokenSequences = list[list[int]]  # the token ids of the answers one prompt may be completed with
 
 
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], **template_kwargs) -> list[int]:
+    """The token ids of a chat prompt, ending with the generation prompt (``template_kwargs``: chat template
+    options such as ``enable_thinking``)."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **template_kwargs)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
 def answer_token_ids(tokenizer: PreTrainedTokenizerBase, answers: Sequence[str]) -> TokenSequences:
     """The token ids of each answer text, as the model writes it after the generation prompt."""
     return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in answers]

@@ -49,7 +49,7 @@ from recruit_trl.contracts import (
     digest,
     parse_action,
 )
-from recruit_trl.generation import answer_token_ids, policy_for_generation, sample
+from recruit_trl.generation import answer_token_ids, encode_prompt, policy_for_generation, sample
 from recruit_trl.protocol import Action, EnvInterface, get_env_interface
 from recruit_trl.traces import same_action
 
@@ -249,10 +249,7 @@ class _RolloutBase:
         return {name: [r[name] for r in rows] for name in names}
 
     def encode_messages(self, tokenizer, messages: list[dict[str, str]]) -> list[int]:
-        text = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, **self.config.template_kwargs
-        )
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return encode_prompt(tokenizer, messages, **self.config.template_kwargs)
 
     def prompt_for(self, tokenizer, anchor: Anchor, state: AnchorState, candidates: Sequence[Action]) -> list[int]:
         key = anchor.key()

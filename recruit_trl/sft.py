@@ -268,15 +268,9 @@ def heldout_report(
     from transformers import GenerationConfig
 
     from recruit_trl.contracts import MAX_NEW_TOKENS
-    from recruit_trl.generation import sample
+    from recruit_trl.generation import encode_prompt, sample
 
-    prompts = [
-        tokenizer(
-            tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False),
-            add_special_tokens=False,
-        )["input_ids"]
-        for row in dataset
-    ]
+    prompts = [encode_prompt(tokenizer, row["prompt"]) for row in dataset]
     config = GenerationConfig(do_sample=False)
     completions, _ = sample(model, tokenizer, prompts, config, MAX_NEW_TOKENS[contract], batch_size)
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)

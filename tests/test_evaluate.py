@@ -199,19 +199,13 @@ def test_greedy_constrained_decoding_flags_exactly_the_answers_it_changed(warm_m
 
     from recruit_trl.contracts import answer_texts, parse_index
     from recruit_trl.evaluate import load_policy_model
-    from recruit_trl.generation import answer_token_ids, sample
+    from recruit_trl.generation import answer_token_ids, encode_prompt, sample
     from recruit_trl.protocol import get_env_interface
     from recruit_trl.traces import collect_traces
 
     model, tokenizer = load_policy_model(warm_model)
     rows = collect_traces(get_env_interface("clinical"), ["medium_bench"], [5], epsilon=0.5, max_days=60)
-    prompts = [
-        tokenizer(
-            tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False),
-            add_special_tokens=False,
-        )["input_ids"]
-        for r in rows
-    ]
+    prompts = [encode_prompt(tokenizer, r["messages"]) for r in rows]
     sizes = [len(r["candidate_types"]) for r in rows]
     greedy = GenerationConfig(do_sample=False)
     free, _ = sample(model, tokenizer, prompts, greedy, 12)
