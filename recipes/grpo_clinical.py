@@ -171,6 +171,8 @@ def run_warm_start(script_args, training_args, model_args, model_path: str) -> s
         "--lora_r", str(model_args.lora_r),
         "--lora_alpha", str(model_args.lora_alpha), "--lora_target_modules", *targets,
     ]  # fmt: skip
+    if script_args.sft_extra_traces:
+        flags += ["--extra_traces", *script_args.sft_extra_traces]
     if script_args.sft_oversample:
         flags += ["--oversample", *script_args.sft_oversample]
     if script_args.sft_drop_candidate:

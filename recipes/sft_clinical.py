@@ -41,6 +41,7 @@ from recruit_trl.sft import (
     best_round,
     build_sft_datasets,
     check_drop_candidate,
+    check_extra_traces,
     check_oversample,
     dagger_rows,
     drop_candidates,
@@ -71,6 +72,14 @@ class SFTScriptArguments:
         metadata={
             "help": "Repeat the rows of some task days, TASK:FIRST-LAST:FACTOR (e.g. hard_bench:137-179:3: each "
             "row of hard's days 137..179 three times), in the traces and every DAgger round's rows."
+        },
+    )
+    extra_traces: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "More teacher episodes for some task days, TASK:FIRST-LAST:SEEDS (e.g. "
+            "hard_bench:137-180:500-531: the teacher's rows of hard's days 137..180 from 32 more episodes), added "
+            "to the training traces before balancing."
         },
     )
     drop_candidate: float = field(
@@ -121,6 +130,7 @@ class SFTScriptArguments:
         if str(self.token_metrics).lower() not in ("auto", "true", "false"):
             raise ValueError(f"--token_metrics must be auto, true or false, not {self.token_metrics!r}")
         check_oversample(self.oversample, self.tasks)
+        check_extra_traces(self.extra_traces, self.tasks)
         check_drop_candidate(self.drop_candidate, self.contract)
 
 
@@ -152,6 +162,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
             balance_by="task" if script_args.balance_by_task else None,
             oversample=script_args.oversample,
             drop_fraction=script_args.drop_candidate,
+            extra_traces=script_args.extra_traces,
             seed=training_args.seed,
         )
         train.save_to_disk(str(data_dir / "train"))

@@ -85,6 +85,48 @@ def check_oversample(specs: Sequence[str], tasks: Sequence[str], flag: str = "--
             raise ValueError(f"{flag} {spec!r}: its task is not one of --tasks {list(tasks)}")
 
 
+def parse_extra_traces(spec: str) -> tuple[str, int, int, list[int]]:
+    """``"TASK:FIRST-LAST:SEEDS"`` -> ``(task, first_day, last_day, seeds)`` (``SEEDS`` as in ``500-531`` or
+    ``500,502``); a clear ``ValueError`` otherwise."""
+    from recruit_trl.training import parse_int_ranges  # training imports this module
+
+    try:
+        task, days, seed_spec = spec.split(":")
+        first, last = (int(d) for d in days.split("-"))
+        seeds = parse_int_ranges(seed_spec)
+    except ValueError:
+        raise ValueError(
+            f"extra traces spec {spec!r} is not TASK:FIRST-LAST:SEEDS (e.g. hard_bench:137-180:500-531)"
+        ) from None
+    if not task or first > last or first < 0 or not seeds:
+        raise ValueError(f"extra traces spec {spec!r}: need a task, 0 <= FIRST <= LAST and at least one seed")
+    return task, first, last, seeds
+
+
+def check_extra_traces(specs: Sequence[str], tasks: Sequence[str], flag: str = "--extra_traces") -> None:
+    """Raise a clear ``ValueError`` for a malformed spec or one whose task is not in ``tasks``."""
+    for spec in specs:
+        if parse_extra_traces(spec)[0] not in tasks:
+            raise ValueError(f"{flag} {spec!r}: its task is not one of --tasks {list(tasks)}")
+
+
+def extra_trace_rows(
+    interface: EnvInterface, specs: Sequence[str], *, epsilon: float = 0.0, seed: int = 0, **common: Any
+) -> list[dict[str, Any]]:
+    """The teacher's rows of some task days, from episodes of their own seeds (``TASK:FIRST-LAST:SEEDS`` each).
+
+    A long episode's decisive days can be a few rows per episode: on hard the expert enrols after the scheduled
+    dropout of day 137 and stops on day 162, before the last three, about 25 of its ~160 decisions. Repeating
+    those rows (:func:`oversample_rows`) repeats the same few states; more episodes show the same decisions in
+    new states. The whole episode is played (the days before lead to the states), only the chosen days are kept.
+    """
+    rows: list[dict[str, Any]] = []
+    for i, (task, first, last, seeds) in enumerate(map(parse_extra_traces, specs)):
+        traced = collect_traces(interface, [task], seeds, epsilon=epsilon, rng_seed=seed + 7 + i, **common)
+        rows += [r for r in traced if first <= r["day"] <= last]
+    return rows
+
+
 def check_drop_candidate(fraction: float, contract: str, flag: str = "--drop_candidate") -> None:
     """Raise a clear ``ValueError`` for a fraction outside [0, 1], or for a non-zero one without the index contract
     (a JSON answer names no listed candidate to leave out)."""
@@ -166,19 +208,25 @@ def build_sft_datasets(
     balance_by: str | None = None,
     oversample: Sequence[str] = (),
     drop_fraction: float = 0.0,
+    extra_traces: Sequence[str] = (),
     seed: int = 0,
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """Teacher traces -> (train Dataset, held-out Dataset, stats). Only the training part is balanced, then has
-    a candidate left out of ``drop_fraction`` of its rows (:func:`drop_candidates`), then is oversampled
-    (:func:`oversample_rows`)."""
+    """Teacher traces -> (train Dataset, held-out Dataset, stats). The training part gains the rows of
+    ``extra_traces`` (:func:`extra_trace_rows`), is balanced, then has a candidate left out of ``drop_fraction`` of
+    its rows (:func:`drop_candidates`), then is oversampled (:func:`oversample_rows`)."""
     if set(train_seeds) & set(heldout_seeds):
         raise ValueError("train and held-out seeds overlap")
+    extra_seeds = {s for spec in extra_traces for s in parse_extra_traces(spec)[3]}
+    if extra_seeds & set(heldout_seeds):
+        raise ValueError("extra trace seeds and held-out seeds overlap")
     train_stats, heldout_stats = TraceStats(), TraceStats()
     common = {"teacher": teacher, "contract": contract, "recent_k": recent_k}
     train_rows = collect_traces(
         interface, tasks, train_seeds, epsilon=epsilon, stats=train_stats, rng_seed=seed, **common
     )
     heldout_rows = collect_traces(interface, tasks, heldout_seeds, stats=heldout_stats, rng_seed=seed + 1, **common)
+    extra_rows = extra_trace_rows(interface, extra_traces, epsilon=epsilon, seed=seed, **common)
+    train_rows += extra_rows
     balanced = balance_action_types(train_rows, max_type_fraction, seed, group_by=balance_by)
     shifted = drop_candidates(balanced, drop_fraction, seed)
     trained = oversample_rows(shifted, oversample)
@@ -186,6 +234,7 @@ def build_sft_datasets(
         "teacher": teacher,
         "train_rows_raw": len(train_rows),
         "train_rows": len(trained),
+        "train_rows_extra": len(extra_rows),
         "train_rows_repeated": len(trained) - len(balanced),
         "train_rows_candidate_dropped": sum(a is not b for a, b in zip(balanced, shifted, strict=True)),
         "heldout_rows": len(heldout_rows),
