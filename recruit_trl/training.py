@@ -33,9 +33,6 @@ DEFAULT_REWARD_WEIGHTS = [1.0, 0.5]
 # Bump when the environment's prompt rendering changes: the cached tiny model was warmed on the old text. The cache
 # key also carries prompt_fingerprint(), which catches changes to the rendering or the candidate lists by itself.
 RENDER_VERSION = "render-6"
-# The expert's rows of hard's endgame (it enrols from day 137 and stops on day 162) from 32 more episodes: the
-# main job's warm start sees those decisions in new states, not only in its 8 traced hard episodes.
-HARD_ENDGAME_TRACES = "hard_bench:137-180:500-531"
 
 
 def parse_int_ranges(spec: str) -> list[int]:
@@ -133,11 +130,10 @@ class ScriptArguments(RolloutConfig):
         },
     )
     sft_extra_traces: list[str] = field(
-        default_factory=lambda: ["auto"],
+        default_factory=list,
         metadata={
-            "help": "SFT warm start: more teacher episodes for some task days, TASK:FIRST-LAST:SEEDS, added to the "
-            f"traces; 'auto': {HARD_ENDGAME_TRACES} (hard's endgame from 32 more episodes) when hard_bench is "
-            "among --tasks, else none; 'none': none."
+            "help": "SFT warm start: more teacher episodes for some task days, TASK:FIRST-LAST:SEEDS (e.g. "
+            "hard_bench:137-180:500-531: hard's endgame from 32 more episodes), added to the traces (off by default)."
         },
     )
     sft_oversample: list[str] = field(
@@ -212,10 +208,6 @@ class ScriptArguments(RolloutConfig):
             if str(getattr(self, flag)).lower() not in ("auto", "true", "false"):
                 raise ValueError(f"--{flag} must be auto, true or false, not {getattr(self, flag)!r}")
         check_oversample(self.sft_oversample, self.tasks, "--sft_oversample")
-        if self.sft_extra_traces == ["auto"]:
-            self.sft_extra_traces = [HARD_ENDGAME_TRACES] if "hard_bench" in self.tasks else []
-        elif self.sft_extra_traces == ["none"]:
-            self.sft_extra_traces = []
         check_extra_traces(self.sft_extra_traces, self.tasks, "--sft_extra_traces")
         check_drop_candidate(self.sft_drop_candidate, self.contract, "--sft_drop_candidate")
         unknown = set(self.eval_sampled) - {"base", "sft", "grpo"}

@@ -228,11 +228,13 @@ def test_warm_start_with_a_lora_adapter_continues_that_adapter(warm_model, tmp_p
         "--tasks", "hard_bench_stage_30", "--warm_start", "auto", "--sft_full_finetune", "false", "--teacher", "safe",
         "--sft_train_seeds", "300", "--sft_epochs", "0.2", "--dagger_rounds", "0",
         "--sft_oversample", "hard_bench_stage_30:20-29:2", "--sft_drop_candidate", "0.5",
+        "--sft_extra_traces", "hard_bench_stage_30:20-29:301",
     ]  # fmt: skip
     trainer = recipe.main(*recipe.parse_args(flags))
     assert (tmp_path / "sft" / "adapter_config.json").is_file()
-    stats = json.loads((tmp_path / "sft" / "dataset" / "stats.json").read_text())  # both flags reach the warm start
+    stats = json.loads((tmp_path / "sft" / "dataset" / "stats.json").read_text())  # the flags reach the warm start
     assert stats["train_rows_repeated"] > 0 and stats["train_rows_candidate_dropped"] > 0
+    assert stats["train_rows_extra"] > 0
     assert json.loads((tmp_path / "adapter_config.json").read_text())["base_model_name_or_path"] == warm_model
     assert [n for n, _ in trainer.model.named_parameters() if "lora_B" in n]
     with pytest.raises(ValueError, match="sft_full_finetune"):

@@ -137,7 +137,7 @@ def test_best_round_keeps_the_best_mean_over_tasks_and_the_latest_on_ties():
 def test_extra_traces_add_the_chosen_days_of_more_episodes():
     """Hard's endgame from more episodes: only the chosen days of the extra seeds join the training rows."""
     from recruit_trl.sft import parse_extra_traces
-    from recruit_trl.training import HARD_ENDGAME_TRACES, ScriptArguments
+    from recruit_trl.training import ScriptArguments
 
     args = {"teacher": "heuristic", "max_type_fraction": 1.0}
     base = build_sft_datasets(INTERFACE, ["hard_bench_stage_30"], [1], [3], **args)
@@ -151,13 +151,10 @@ def test_extra_traces_add_the_chosen_days_of_more_episodes():
         build_sft_datasets(
             INTERFACE, ["hard_bench_stage_30"], [1], [3], extra_traces=["hard_bench_stage_30:0-9:3"], **args
         )
-    assert parse_extra_traces(HARD_ENDGAME_TRACES) == ("hard_bench", 137, 180, list(range(500, 532)))
+    assert parse_extra_traces("hard_bench:137-180:500-531") == ("hard_bench", 137, 180, list(range(500, 532)))
     for bad in ("hard_bench:137-180", "hard_bench:180-137:1", "hard_bench:1-2:x", ":1-2:3"):
         with pytest.raises(ValueError, match="extra traces spec"):
             parse_extra_traces(bad)
-    # The main job's default: hard's endgame when hard_bench is trained, nothing otherwise; a typo fails loudly.
-    assert ScriptArguments().sft_extra_traces == [HARD_ENDGAME_TRACES]
-    assert ScriptArguments(tasks=["easy_bench"]).sft_extra_traces == []
-    assert ScriptArguments(sft_extra_traces=["none"]).sft_extra_traces == []
+    assert ScriptArguments().sft_extra_traces == []  # off in the main job
     with pytest.raises(ValueError, match="its task is not one of --tasks"):
         ScriptArguments(sft_extra_traces=["hardbench:137-180:500-501"])
