@@ -62,27 +62,37 @@ def balance_action_types(
     return [rows[i] for i in sorted(chosen)]
 
 
+def _parse_task_days(spec: str, kind: str, tail_name: str, example: str, parse_tail, tail_ok, tail_rule: str):
+    """``"TASK:FIRST-LAST:TAIL"`` -> ``(task, first_day, last_day, parse_tail(TAIL))``; a clear ``ValueError``
+    naming ``kind`` otherwise."""
+    try:
+        task, days, tail = spec.split(":")
+        first, last = (int(d) for d in days.split("-"))
+        value = parse_tail(tail)
+    except ValueError:
+        raise ValueError(f"{kind} spec {spec!r} is not TASK:FIRST-LAST:{tail_name} (e.g. {example})") from None
+    if not task or first > last or first < 0 or not tail_ok(value):
+        raise ValueError(f"{kind} spec {spec!r}: need a task, 0 <= FIRST <= LAST and {tail_rule}")
+    return task, first, last, value
+
+
+def _check_tasks(specs: Sequence[str], tasks: Sequence[str], parse, flag: str) -> None:
+    for spec in specs:
+        if parse(spec)[0] not in tasks:
+            raise ValueError(f"{flag} {spec!r}: its task is not one of --tasks {list(tasks)}")
+
+
 def parse_oversample(spec: str) -> tuple[str, int, int, int]:
     """``"TASK:FIRST-LAST:FACTOR"`` -> ``(task, first_day, last_day, factor)``; a clear ``ValueError`` otherwise."""
-    try:
-        task, days, factor = spec.split(":")
-        first, last = (int(d) for d in days.split("-"))
-        times = int(factor)
-    except ValueError:
-        raise ValueError(
-            f"oversample spec {spec!r} is not TASK:FIRST-LAST:FACTOR (e.g. hard_bench:137-179:3)"
-        ) from None
-    if not task or first > last or first < 0 or times < 1:
-        raise ValueError(f"oversample spec {spec!r}: need a task, 0 <= FIRST <= LAST and FACTOR >= 1")
-    return task, first, last, times
+    return _parse_task_days(
+        spec, "oversample", "FACTOR", "hard_bench:137-179:3", int, lambda times: times >= 1, "FACTOR >= 1"
+    )
 
 
 def check_oversample(specs: Sequence[str], tasks: Sequence[str], flag: str = "--oversample") -> None:
     """Raise a clear ``ValueError`` for a malformed spec or one whose task is not in ``tasks`` (a typo would
     silently repeat nothing)."""
-    for spec in specs:
-        if parse_oversample(spec)[0] not in tasks:
-            raise ValueError(f"{flag} {spec!r}: its task is not one of --tasks {list(tasks)}")
+    _check_tasks(specs, tasks, parse_oversample, flag)
 
 
 def parse_extra_traces(spec: str) -> tuple[str, int, int, list[int]]:
@@ -90,24 +100,14 @@ def parse_extra_traces(spec: str) -> tuple[str, int, int, list[int]]:
     ``500,502``); a clear ``ValueError`` otherwise."""
     from recruit_trl.training import parse_int_ranges  # training imports this module
 
-    try:
-        task, days, seed_spec = spec.split(":")
-        first, last = (int(d) for d in days.split("-"))
-        seeds = parse_int_ranges(seed_spec)
-    except ValueError:
-        raise ValueError(
-            f"extra traces spec {spec!r} is not TASK:FIRST-LAST:SEEDS (e.g. hard_bench:137-180:500-531)"
-        ) from None
-    if not task or first > last or first < 0 or not seeds:
-        raise ValueError(f"extra traces spec {spec!r}: need a task, 0 <= FIRST <= LAST and at least one seed")
-    return task, first, last, seeds
+    return _parse_task_days(
+        spec, "extra traces", "SEEDS", "hard_bench:137-180:500-531", parse_int_ranges, bool, "at least one seed"
+    )
 
 
 def check_extra_traces(specs: Sequence[str], tasks: Sequence[str], flag: str = "--extra_traces") -> None:
     """Raise a clear ``ValueError`` for a malformed spec or one whose task is not in ``tasks``."""
-    for spec in specs:
-        if parse_extra_traces(spec)[0] not in tasks:
-            raise ValueError(f"{flag} {spec!r}: its task is not one of --tasks {list(tasks)}")
+    _check_tasks(specs, tasks, parse_extra_traces, flag)
 
 
 def extra_trace_rows(
