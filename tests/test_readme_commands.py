@@ -1,6 +1,7 @@
-"""Every shell command in the README is exercised: run here with a tiny budget, or by a named test, or by CI.
+"""Every shell command in the README (and in the experiment log it links) is exercised: run here with a tiny
+budget, or by a named test, or by CI.
 
-The commands are read from the README itself (``bash`` blocks and inline code spans that start with a known
+The commands are read from the documents themselves (``bash`` blocks and inline code spans that start with a known
 program), so a new command without coverage fails :func:`test_every_readme_command_is_exercised`. Commands
 that need a GPU are exercised as far as a CPU machine allows: their accelerate config loads and the recipe
 parses their flags.
@@ -20,7 +21,8 @@ import yaml
 from servers import free_port, start_server, stop_server
 
 ROOT = Path(__file__).parents[1]
-README = (ROOT / "README.md").read_text()
+DOCUMENTS = ("README.md", "docs/experiments.md")
+README = "\n".join((ROOT / name).read_text() for name in DOCUMENTS)
 BIN = Path(sys.executable).parent
 PROGRAMS = ("python ", "accelerate ", "recruit-trl ", "pip ")
 
