@@ -300,6 +300,7 @@ def report_run(
             "model": {
                 "name_or_path": model_args.model_name_or_path,
                 "resolved": model_path,
+                "num_parameters": _built_num_parameters(model_path),
                 "lora_r": model_args.lora_r,
                 "use_peft": model_args.use_peft,
             },  # fmt: skip
@@ -316,6 +317,12 @@ def report_run(
     paths = write_report(out, report)
     print(summary(report))
     print("\n".join(f"wrote {p}" for p in paths.values()))
+
+
+def _built_num_parameters(model_path: str) -> int | None:
+    """The parameter count recorded by recruit_trl when it built (tiny) or unpacked (SmolLM2) the model, else None."""
+    meta = Path(model_path, METADATA_FILE)
+    return json.loads(meta.read_text()).get("num_parameters") if meta.is_file() else None
 
 
 def evaluate_versions() -> dict:
