@@ -22,18 +22,18 @@ from servers import free_port, start_server, stop_server
 
 ROOT = Path(__file__).parents[1]
 DOCUMENTS = ("README.md", "docs/experiments.md")
-README = "\n".join((ROOT / name).read_text() for name in DOCUMENTS)
+DOCS_TEXT = "\n".join((ROOT / name).read_text() for name in DOCUMENTS)
 BIN = Path(sys.executable).parent
 PROGRAMS = ("python ", "accelerate ", "recruit-trl ", "pip ")
 
 
 def readme_commands() -> list[str]:
-    """Commands of the README's ``bash`` blocks (split on ``&&``) and of inline code spans naming a program."""
+    """Commands of the documents' ``bash`` blocks (split on ``&&``) and of inline code spans naming a program."""
     found: list[str] = []
-    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
+    for block in re.findall(r"```bash\n(.*?)```", DOCS_TEXT, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             found += [part.strip() for part in line.split("&&")]
-    prose = re.sub(r"```.*?```", "", README, flags=re.S)
+    prose = re.sub(r"```.*?```", "", DOCS_TEXT, flags=re.S)
     for span in re.findall(r"`([^`]+)`", prose):
         span = " ".join(span.split())
         if span.startswith(PROGRAMS) and "..." not in span:
