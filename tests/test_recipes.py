@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import env.agent  # noqa: F401
+from recruit_trl.models import METADATA_FILE
 from recruit_trl.sft import best_round
 
 ROOT = Path(__file__).parents[1]
@@ -208,7 +209,7 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     assert len(selection["student_scores"]) == 2 and selection["selected_round"] in (0, 1)
     assert report["config"]["sft_full_finetune_resolved"] is True  # "auto", resolved for a tiny model built here
     assert report["config"]["rl_full_finetune_resolved"] is True
-    built = json.loads((Path(warm_model) / "recruit_trl_model.json").read_text())["num_parameters"]
+    built = json.loads((Path(warm_model) / METADATA_FILE).read_text())["num_parameters"]
     assert report["config"]["model"]["num_parameters"] == built > 0  # the size of the model trained
     assert len(report["training"]["curves"]["step"]) == 2
     for name in ("training_curves.png", "action_types.png", "final_scores.png", "score_terms.png", "enrolment.png"):
