@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from recruit_trl.contracts import digest
-from recruit_trl.protocol import EnvInterface, Observation
+from recruit_trl.protocol import EnvInterface, Observation, policy_action
 
 MODEL_PREFIX = "model:"  # Anchor.policy of states a language model reached (recorded, not replayed)
 
@@ -125,14 +125,13 @@ class AnchorCache:
             )
         env = self.env(anchor.task)
         policy = self.interface.get_policy(anchor.policy)
-        act = getattr(policy, "act", None)  # planners look ahead from the live environment
         rng = random.Random(anchor.policy_seed)
         obs, _ = env.reset(seed=anchor.seed)
         recent: list[str] = []
         done = False
         day = 0
         while day < anchor.day:
-            action = act(env, obs=obs, rng=rng) if act is not None else policy(obs, rng)
+            action = policy_action(policy, env, obs, rng)  # a planner looks ahead from the live environment
             obs, _, terminated, truncated, info = env.step(action)
             recent.append(digest(self.interface, day, action, info))
             day += 1

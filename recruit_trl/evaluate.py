@@ -46,7 +46,7 @@ from recruit_trl.contracts import (
     parse_action,
     parse_json_object,
 )
-from recruit_trl.protocol import EnvInterface, get_env_interface
+from recruit_trl.protocol import EnvInterface, get_env_interface, policy_action
 from recruit_trl.traces import match_candidate, same_action, trace_row
 
 # Published reference figures (shared/spec/reference-results.md): best reference policy per task, and its LLMs.
@@ -126,17 +126,13 @@ class Evaluator:
         return self.interface.make_env(task)
 
     def _teacher_action(self, env, obs, rng: random.Random) -> dict | None:
-        if self.teacher is None:
-            return None
-        act = getattr(self.teacher, "act", None)
-        return act(env, obs=obs, rng=rng) if act is not None else self.teacher(obs, rng)
+        return None if self.teacher is None else policy_action(self.teacher, env, obs, rng)
 
     # ------------------------------------------------------------------ policies
     def run_policy(self, name: str, progress: Callable[[int], None] | None = None) -> list[EpisodeLog]:
         if name.startswith("model:"):
             return self.run_model(name[len("model:") :], progress)
         policy = self.interface.get_policy(name)
-        act = getattr(policy, "act", None)
         logs = []
         for task in self.config.tasks:
             env = self.make_env(task)
@@ -148,7 +144,7 @@ class Evaluator:
                 done = False
                 while not done:
                     taught = self._teacher_action(env, obs, teacher_rng)
-                    action = act(env, obs=obs, rng=rng) if act is not None else policy(obs, rng)
+                    action = policy_action(policy, env, obs, rng)
                     obs, _, terminated, truncated, info = env.step(action)
                     done = terminated or truncated
                     self._record(log, action, obs, info, parsed_json=None, valid=True, taught=taught)

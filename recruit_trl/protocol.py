@@ -33,6 +33,13 @@ Policy = Callable[[Observation, random.Random], Action]
 StepResult = tuple[Observation, float, bool, bool, Info]
 
 
+def policy_action(policy: Policy, env: MultiStepEnv, obs: Observation, rng: random.Random) -> Action:
+    """``policy``'s action in ``env``'s current state ``obs``: a planner (a policy with ``act``) looks ahead from the
+    live environment, any other policy reads the observation only."""
+    act = getattr(policy, "act", None)
+    return act(env, obs=obs, rng=rng) if act is not None else policy(obs, rng)
+
+
 @runtime_checkable
 class MultiStepEnv(Protocol):
     """A Gymnasium-style environment whose whole state can be copied and re-seeded."""

@@ -36,6 +36,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,9 +50,15 @@ from recruit_trl.contracts import (
     digest,
     parse_action,
 )
-from recruit_trl.generation import answer_token_ids, encode_prompt, policy_for_generation, sample
-from recruit_trl.protocol import Action, EnvInterface, get_env_interface
-from recruit_trl.traces import same_action
+from recruit_trl.generation import (
+    answer_token_ids,
+    completion_logprobs,
+    encode_prompt,
+    policy_for_generation,
+    sample,
+)
+from recruit_trl.protocol import Action, EnvInterface, get_env_interface, policy_action
+from recruit_trl.traces import match_candidate, same_action
 
 MODES = ("branch", "window")
 # Per-row fields every rollout returns besides the environment's reward components.
@@ -92,6 +99,13 @@ class RolloutConfig:
         metadata={"help": "Policy (registered by the environment) whose action in the same state each decision is "
                   "compared with (row field teacher_match, for rewards.teacher_match_reward); '' for none."},
     )  # fmt: skip
+    guide_policy: str = field(
+        default="",
+        metadata={"help": "Branch mode: policy (registered by the environment, e.g. 'expert') whose action is put "
+                  "into every group that did not sample it, in place of the most duplicated sample (off-policy "
+                  "guidance: each state's group then compares the guide's answer with the policy's own, so a good "
+                  "action the policy rarely samples is still scored and reinforced); '' for none."},
+    )  # fmt: skip
     window_turns: int = field(default=4, metadata={"help": "Model decisions per completion in window mode."})
     recent_k: int = field(default=2, metadata={"help": "Recent actions shown in the prompt's digest."})
     max_new_tokens: int | None = field(
@@ -118,8 +132,9 @@ class RolloutConfig:
             raise ValueError("horizon and recent_k must be >= 0, window_turns and continuation_seeds >= 1")
         if not 0 <= self.self_horizon <= self.horizon:
             raise ValueError(f"self_horizon must be in [0, horizon={self.horizon}], got {self.self_horizon}")
-        if self.self_horizon and self.mode != "branch":
-            raise ValueError("self_horizon applies to branch mode only")
+        for name in ("self_horizon", "guide_policy"):
+            if getattr(self, name) and self.mode != "branch":
+                raise ValueError(f"{name} applies to branch mode only")
 
     @property
     def template_kwargs(self) -> dict:
@@ -211,6 +226,7 @@ class _RolloutBase:
         self.cache = AnchorCache(self.interface, recent_k=self.config.recent_k)
         self.scorer = _Scorer(self.interface, self.config, self.cache)
         self.teacher = self.interface.get_policy(self.config.reward_teacher) if self.config.reward_teacher else None
+        self.guide = self.interface.get_policy(self.config.guide_policy) if self.config.guide_policy else None
         self._prompt_ids: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------------ helpers
@@ -232,14 +248,14 @@ class _RolloutBase:
             )
         return states
 
-    def teacher_action(self, env, obs: dict, seed: int) -> Action | None:
-        """The teacher's action in ``env``'s current state (``obs``); a planner reads ``env`` but never steps it."""
-        if self.teacher is None:
+    def teacher_action(self, env, obs: dict, seed: int, policy=None) -> Action | None:
+        """The action of ``policy`` (default: the reward teacher) in ``env``'s current state (``obs``); a planner
+        reads ``env`` but never steps it."""
+        policy = policy or self.teacher
+        if policy is None:
             return None
         t0 = time.perf_counter()
-        rng = random.Random(seed)
-        act = getattr(self.teacher, "act", None)
-        action = act(env, obs=obs, rng=rng) if act is not None else self.teacher(obs, rng)
+        action = policy_action(policy, env, obs, random.Random(seed))
         self.scorer.env_seconds += time.perf_counter() - t0
         return action
 
@@ -316,6 +332,10 @@ class BranchRollout(_RolloutBase):
 
         self._outcomes: dict[tuple[str, str], dict[str, Any]] = {}  # (anchor, action) -> outcome, this call only
         self._taught: dict[str, Action | None] = {}  # anchor -> the teacher's action, this call only
+        guided = [False] * len(parsed)
+        if self.guide is not None:
+            args = (trainer, model, tokenizer, generation_config, anchors, states, candidates, step)
+            guided = self._guide(*args, prompt_ids, completion_ids, logprobs, parsed)
         if self.config.self_horizon:
             self._self_continued(trainer, model, tokenizer, anchors, states, parsed, step)
         rows = [self._score(a, s, p, step) for a, s, p in zip(anchors, states, parsed, strict=True)]
@@ -323,8 +343,67 @@ class BranchRollout(_RolloutBase):
         out.update(self._extra_fields(rows))
         gen_tokens = sum(len(c) for c in completion_ids)
         prompt_tokens = sum(len(p) for p in prompt_ids)
-        self.log_metrics(trainer, rows, time.perf_counter() - start, gen_tokens, len(rows), prompt_tokens)
+        # The collapse metrics describe the policy's own samples, not the guide's answers.
+        sampled = [r for r, g in zip(rows, guided, strict=True) if not g]
+        self.log_metrics(trainer, sampled, time.perf_counter() - start, gen_tokens, len(rows), prompt_tokens)
         return out
+
+    def _guide(
+        self, trainer, model, tokenizer, generation_config, anchors, states, candidates, step,
+        prompt_ids, completion_ids, logprobs, parsed,
+    ) -> list[bool]:  # fmt: skip
+        """Put the guide policy's action into every group of the call that did not sample it (edits
+        ``completion_ids``, ``logprobs`` and ``parsed`` in place); returns which rows now hold the guide's answer.
+
+        A group here is a run of consecutive rows with the same anchor: TRL may split a group across processes,
+        and each part then gets the guide's answer. The replaced row is an invalid one, else one of the most
+        duplicated action, so the fewest distinct samples are lost. Its log-probabilities are the policy's own
+        (temperature only: ``logprobs`` matter only for vLLM's importance correction, which these rollouts do not
+        use). A guide action that is not a listed candidate is skipped.
+        """
+        guided = [False] * len(anchors)
+        groups = 0
+        already = 0
+        rows_done: list[int] = []
+        start = 0
+        while start < len(anchors):
+            end = start + 1
+            while end < len(anchors) and anchors[end].key() == anchors[start].key():
+                end += 1
+            group, start = range(start, end), end
+            anchor, state, cands = anchors[group[0]], states[group[0]], candidates[group[0]]
+            if len(group) < 2:
+                continue
+            seed = group_seed(anchor, step, self.config.rollout_seed)
+            action = self.teacher_action(self.scorer.start(anchor, state, seed), state.obs, seed, self.guide)
+            k = match_candidate(action, cands)
+            if k is None:
+                continue
+            groups += 1
+            if any(parsed[i].valid and same_action(parsed[i].action, action) for i in group):
+                already += 1
+                continue
+            counts = Counter(self._key(anchor, parsed[i].action) for i in group)
+            row = max(group, key=lambda i: (not parsed[i].valid, counts[self._key(anchor, parsed[i].action)], i))
+            answer = answer_token_ids(tokenizer, answer_texts(self.config.contract, cands)[k : k + 1])[0]
+            completion_ids[row] = [*answer, tokenizer.eos_token_id]
+            parsed[row] = ParsedAction(cands[k], True)
+            guided[row] = True
+            rows_done.append(row)
+        if rows_done:
+            prompts = [prompt_ids[i] for i in rows_done]
+            completions = [completion_ids[i] for i in rows_done]
+            config = generation_config or getattr(trainer, "generation_config", None)
+            temperature = getattr(config, "temperature", None)
+            with policy_for_generation(trainer) if trainer is not None else nullcontext(model) as policy:
+                new = completion_logprobs(policy, prompts, completions, temperature)
+            for i, lps in zip(rows_done, new, strict=True):
+                logprobs[i] = lps
+        log = getattr(trainer, "_log_metric", None)
+        if log is not None:
+            log("rollout/guided_rate", len(rows_done) / max(1, len(anchors)))
+            log("rollout/guide_sampled_rate", already / max(1, groups))
+        return guided
 
     def _generate(self, trainer, model, tokenizer, generation_config, prompt_ids, candidates):
         """One decision per prompt; with ``constrained_decoding``, only the texts that take one of ``candidates``."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recruit_trl.contracts import build_messages, completion_text, digest
-from recruit_trl.protocol import Action, EnvInterface, Observation
+from recruit_trl.protocol import Action, EnvInterface, Observation, policy_action
 
 MATCH_FIELDS = (
     "action_type",
@@ -150,8 +150,7 @@ def collect_traces(
                 ]
                 explore = bool(epsilon and explorable and rng.random() < epsilon)
                 if policy is not None:
-                    act = getattr(policy, "act", None)
-                    action = act(env, obs=obs, rng=rng) if act is not None else policy(obs, rng)
+                    action = policy_action(policy, env, obs, rng)
                     k: int | None = match_candidate(action, candidates)
                 else:
                     k = pick(obs, candidates, rng)

@@ -279,3 +279,94 @@ def test_full_finetune_choices_are_checked_at_start_up(flag):
     with pytest.raises(ValueError, match=f"--{flag} must be auto, true or false"):
         ScriptArguments(**{flag: "maybe"})
     assert getattr(ScriptArguments(**{flag: "False"}), flag) == "False"  # case-insensitive, as resolved later
+
+
+def _guide_indices(policy="grader_heuristic"):
+    from recruit_trl.traces import match_candidate
+
+    guide = INTERFACE.get_policy(policy)
+    out = []
+    for anchor in ANCHORS:
+        obs = _state(anchor).obs
+        out.append(match_candidate(guide(obs, random.Random(0)), INTERFACE.candidate_actions(obs)))
+    assert None not in out
+    return out
+
+
+def test_guide_puts_its_action_into_every_group_that_missed_it(tokenizer, monkeypatch):
+    from contextlib import nullcontext
+
+    logged = {}
+
+    class Trainer:  # enough of GRPOTrainer for generation and the metrics
+        generation_config = None
+
+        def _log_metric(self, name, value):
+            logged[name] = value
+
+    def logprobs(model, prompts, completions, temperature):
+        scored.append(completions)
+        return [[-1.0] * len(c) for c in completions]
+
+    scored = []
+    monkeypatch.setattr(rollout_mod, "completion_logprobs", logprobs)
+    monkeypatch.setattr(rollout_mod, "policy_for_generation", lambda trainer: nullcontext(object()))
+    k_easy, k_hard = _guide_indices()
+    easy, hard = (f'{{"action_index": {1 if k == 0 else 0}}}' for k in (k_easy, k_hard))
+    guided = [f'{{"action_index": {k}}}' for k in (k_easy, k_hard)]
+    # Easy's group misses the guide's answer (one row unparseable: that row makes way); hard's group samples it.
+    texts = [easy, "no idea", easy, easy, guided[1], hard, hard, hard]
+    config = RolloutConfig(horizon=3, guide_policy="grader_heuristic")
+    sampler = ScriptedSampler(tokenizer, texts)
+    monkeypatch.setattr(rollout_mod, "sample", sampler)
+    prompts = [a.key() for a in ANCHORS for _ in range(4)]
+    out = BranchRollout(config)(prompts, Trainer(), tokenizer=tokenizer, step=0)
+
+    decoded = [tokenizer.decode(c, skip_special_tokens=True) for c in out["completion_ids"]]
+    assert decoded == [easy, guided[0], easy, easy, *texts[4:]]  # the unparseable row now holds the guide's answer
+    assert out["completion_ids"][1][-1] == tokenizer.eos_token_id
+    assert out["valid"] == [1.0] * 8 and out["logprobs"][1] == [-1.0] * len(out["completion_ids"][1])
+    assert scored == [[out["completion_ids"][1]]]  # only the guided row was scored by the policy
+    # The guided row is scored exactly as a sampled answer would be (same anchor, same randomness).
+    plain, _ = run(BranchRollout(RolloutConfig(horizon=3)), tokenizer, monkeypatch, [guided[0]], group=4)
+    assert out["env_return"][1] == plain["env_return"][0]
+    assert out["action_type"][1] == plain["action_type"][0]
+    assert logged["rollout/guided_rate"] == 1 / 8 and logged["rollout/guide_sampled_rate"] == 0.5
+    assert logged["rollout/fallback_rate"] == 0.0  # the policy's own samples: the unparseable one was replaced
+
+    # Without an invalid row, the last row of the most duplicated answer makes way.
+    second = f'{{"action_index": {next(k for k in range(2, 5) if k != k_easy)}}}'
+    texts[:4] = [easy, second, easy, easy]
+    monkeypatch.setattr(rollout_mod, "sample", ScriptedSampler(tokenizer, texts))
+    out = BranchRollout(config)(prompts, Trainer(), tokenizer=tokenizer, step=0)
+    decoded = [tokenizer.decode(c, skip_special_tokens=True) for c in out["completion_ids"]]
+    assert decoded[:4] == [easy, second, easy, guided[0]]
+
+
+def test_guide_is_checked():
+    with pytest.raises(ValueError, match="guide_policy"):
+        RolloutConfig(mode="window", guide_policy="expert")
+    with pytest.raises(ValueError, match="no_such_policy"):
+        BranchRollout(RolloutConfig(guide_policy="no_such_policy"))
+
+
+def test_completion_logprobs_match_the_sampled_tokens_log_probabilities(warm_model):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from recruit_trl.contracts import build_messages
+    from recruit_trl.generation import completion_logprobs, encode_prompt, sample
+
+    tok = AutoTokenizer.from_pretrained(warm_model)
+    model = AutoModelForCausalLM.from_pretrained(warm_model).eval()
+    torch.manual_seed(0)
+    prompts = []
+    for anchor in ANCHORS:
+        state = _state(anchor)
+        cands = INTERFACE.candidate_actions(state.obs)
+        prompts.append(encode_prompt(tok, build_messages(INTERFACE, state.obs, state.recent, "index", cands)))
+    config = GenerationConfig(do_sample=True, temperature=0.7, top_p=1.0, top_k=0)
+    completions, logprobs = sample(model, tok, prompts, config, max_new_tokens=12)
+    again = completion_logprobs(model, prompts, completions, temperature=0.7)
+    for a, b in zip(logprobs, again, strict=True):
+        assert a == pytest.approx(b, abs=1e-4)
