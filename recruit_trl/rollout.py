@@ -61,6 +61,7 @@ from recruit_trl.protocol import Action, EnvInterface, get_env_interface, policy
 from recruit_trl.traces import match_candidate, same_action
 
 MODES = ("branch", "window")
+BEST_CANDIDATE = "best"  # the guide that scores every listed candidate and takes the best (see RolloutConfig)
 # Per-row fields every rollout returns besides the environment's reward components.
 ROW_FIELDS = ("valid", "action_shaping", "final_score", "action_type", "action_error", "scored_steps", "teacher_match")
 
@@ -104,7 +105,9 @@ class RolloutConfig:
         metadata={"help": "Branch mode: policy (registered by the environment, e.g. 'expert') whose action is put "
                   "into every group that did not sample it, in place of the most duplicated sample (off-policy "
                   "guidance: each state's group then compares the guide's answer with the policy's own, so a good "
-                  "action the policy rarely samples is still scored and reinforced); '' for none."},
+                  "action the policy rarely samples is still scored and reinforced); 'best': every listed candidate "
+                  "is scored and the one with the best final score is the guide's (one outcome per candidate: "
+                  "costlier); '' for none."},
     )  # fmt: skip
     window_turns: int = field(default=4, metadata={"help": "Model decisions per completion in window mode."})
     recent_k: int = field(default=2, metadata={"help": "Recent actions shown in the prompt's digest."})
@@ -226,7 +229,8 @@ class _RolloutBase:
         self.cache = AnchorCache(self.interface, recent_k=self.config.recent_k)
         self.scorer = _Scorer(self.interface, self.config, self.cache)
         self.teacher = self.interface.get_policy(self.config.reward_teacher) if self.config.reward_teacher else None
-        self.guide = self.interface.get_policy(self.config.guide_policy) if self.config.guide_policy else None
+        guide = self.config.guide_policy
+        self.guide = self.interface.get_policy(guide) if guide and guide != BEST_CANDIDATE else None
         self._prompt_ids: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------------ helpers
@@ -333,7 +337,7 @@ class BranchRollout(_RolloutBase):
         self._outcomes: dict[tuple[str, str], dict[str, Any]] = {}  # (anchor, action) -> outcome, this call only
         self._taught: dict[str, Action | None] = {}  # anchor -> the teacher's action, this call only
         guided = [False] * len(parsed)
-        if self.guide is not None:
+        if self.config.guide_policy:
             args = (trainer, model, tokenizer, generation_config, anchors, states, candidates, step)
             guided = self._guide(*args, prompt_ids, completion_ids, logprobs, parsed)
         if self.config.self_horizon:
@@ -374,9 +378,13 @@ class BranchRollout(_RolloutBase):
             anchor, state, cands = anchors[group[0]], states[group[0]], candidates[group[0]]
             if len(group) < 2:
                 continue
-            seed = group_seed(anchor, step, self.config.rollout_seed)
-            action = self.teacher_action(self.scorer.start(anchor, state, seed), state.obs, seed, self.guide)
-            k = match_candidate(action, cands)
+            if self.guide is None:  # BEST_CANDIDATE
+                k = self._best_candidate(trainer, model, tokenizer, anchor, state, cands, step)
+                action = cands[k]
+            else:
+                seed = group_seed(anchor, step, self.config.rollout_seed)
+                action = self.teacher_action(self.scorer.start(anchor, state, seed), state.obs, seed, self.guide)
+                k = match_candidate(action, cands)
             if k is None:
                 continue
             groups += 1
@@ -404,6 +412,27 @@ class BranchRollout(_RolloutBase):
             log("rollout/guided_rate", len(rows_done) / max(1, len(anchors)))
             log("rollout/guide_sampled_rate", already / max(1, groups))
         return guided
+
+    def _best_candidate(self, trainer, model, tokenizer, anchor, state, candidates, step) -> int:
+        """The index of the listed candidate with the best final score from the anchor (the first of equals); every
+        outcome is kept for the call's rows."""
+        if self.config.self_horizon:
+            parsed = [ParsedAction(c, True) for c in candidates]
+            self._self_continued(trainer, model, tokenizer, [anchor] * len(candidates), [state] * len(candidates),
+                                 parsed, step)  # fmt: skip
+        outcomes = []
+        for action in candidates:
+            key = self._key(anchor, action)
+            if key not in self._outcomes:
+                self._outcomes[key] = self._outcome(anchor, state, action, step)
+            outcomes.append(self._outcomes[key])
+        scores = [o["final_score"] for o in outcomes]
+        if None in scores:
+            raise ValueError(
+                f"guide_policy={BEST_CANDIDATE!r} ranks the candidates by final score, but the horizon "
+                f"({self.config.horizon} days) ended before the episode at {anchor.key()}: use a longer one"
+            )
+        return max(range(len(candidates)), key=lambda k: scores[k])
 
     def _generate(self, trainer, model, tokenizer, generation_config, prompt_ids, candidates):
         """One decision per prompt; with ``constrained_decoding``, only the texts that take one of ``candidates``."""
@@ -489,7 +518,7 @@ class BranchRollout(_RolloutBase):
         used: Counter = Counter()  # task -> pooled environments taken by this call
         for anchor, state, p in zip(anchors, states, parsed, strict=True):
             key = self._key(anchor, p.action)
-            if key in seen:
+            if key in seen or key in self._outcomes:  # scored already (every candidate, for the best-candidate guide)
                 continue
             seen.add(key)
             for seed in self._continuation_seeds(anchor, step):

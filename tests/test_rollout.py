@@ -343,6 +343,25 @@ def test_guide_puts_its_action_into_every_group_that_missed_it(tokenizer, monkey
     assert decoded[:4] == [easy, second, easy, guided[0]]
 
 
+def test_best_candidate_guide_scores_every_listed_candidate_and_puts_the_best_in(tokenizer, monkeypatch):
+    monkeypatch.setattr(
+        rollout_mod, "completion_logprobs", lambda m, p, completions, t: [[-1.0] * len(c) for c in completions]
+    )
+    texts = ["no idea"]  # nothing sampled: the last row of each group makes way
+    rollout = BranchRollout(RolloutConfig(guide_policy="best"))
+    out, _ = run(rollout, tokenizer, monkeypatch, texts, group=2)
+    for g, anchor in enumerate(ANCHORS):
+        cands = INTERFACE.candidate_actions(_state(anchor).obs)
+        scores = [rollout._outcomes[rollout._key(anchor, c)]["final_score"] for c in cands]  # every one was scored
+        best = max(range(len(cands)), key=lambda k: scores[k])
+        assert len(set(scores)) > 1  # a real choice
+        answer = tokenizer.decode(out["completion_ids"][2 * g + 1], skip_special_tokens=True)
+        assert answer == f'{{"action_index": {best}}}'
+        assert out["final_score"][2 * g + 1] == max(scores) and out["valid"][2 * g : 2 * g + 2] == [0.0, 1.0]
+    with pytest.raises(ValueError, match="horizon"):
+        run(BranchRollout(RolloutConfig(horizon=5, guide_policy="best")), tokenizer, monkeypatch, texts, group=2)
+
+
 def test_guide_is_checked():
     with pytest.raises(ValueError, match="guide_policy"):
         RolloutConfig(mode="window", guide_policy="expert")
