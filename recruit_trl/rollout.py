@@ -10,7 +10,10 @@ TRL splits the group across processes (common random numbers: the comparison ins
 is clairvoyant across groups). The outcome is therefore a function of (anchor, step, action): rows of a group
 that sampled the same action share one computation. With ``self_horizon`` D > 0 the policy itself (greedy) plays
 the first D days after the sampled action, every branch in its own environment and all of them in lock-step, before
-the continuation policy takes over: a continuation policy forgives what the policy would leave undone.
+the continuation policy takes over: a continuation policy forgives what the policy would leave undone. With
+``guide_policy`` set, a group that did not sample the guide's action (a policy's, or the best-scoring listed
+candidate's) gets it in place of its most duplicated sample: off-policy guidance, so a good action the policy rarely
+samples is still compared within the group.
 
 ``window`` mode. ``turns`` consecutive decisions from an anchor form one multi-turn completion: model
 tokens (mask 1) alternate with the environment's reply rendered as the next user turn (``env_mask`` 0).
