@@ -67,6 +67,19 @@ def test_grpo_recipe_window_mode_runs(warm_model, tmp_path):
     assert any("rollout/fallback_rate" in h for h in trainer.state.log_history)
 
 
+def test_grpo_recipe_with_a_guide_policy_trains_on_its_answers(warm_model, tmp_path):
+    from env.agent import CLINICAL
+    from env.policies import register_policy
+
+    # A guide the warm model rarely agrees with: the last listed candidate.
+    register_policy("test_last_candidate")(lambda obs, rng: CLINICAL.candidate_actions(obs)[-1])
+    recipe = load("grpo_clinical")
+    flags = ["--model_name_or_path", warm_model, "--max_steps", "1", "--output_dir", str(tmp_path), *SMALL]
+    trainer = recipe.main(*recipe.parse_args([*flags, "--guide_policy", "test_last_candidate"]))
+    logged = [h for h in trainer.state.log_history if "rollout/guided_rate" in h]
+    assert logged and 0.0 < logged[0]["rollout/guided_rate"] <= 1 / 8  # at most one row per group of 8
+
+
 def test_sft_recipe_trains_and_reports(warm_model, tmp_path):
     recipe = load("sft_clinical")
     args = recipe.parse_args(
