@@ -368,21 +368,28 @@ class BranchRollout(_RolloutBase):
         (temperature only: ``logprobs`` matter only for vLLM's importance correction, which these rollouts do not
         use). A guide action that is not a listed candidate is skipped.
         """
-        guided = [False] * len(anchors)
-        groups = 0
-        already = 0
-        rows_done: list[int] = []
+        groups = []
         start = 0
         while start < len(anchors):
             end = start + 1
             while end < len(anchors) and anchors[end].key() == anchors[start].key():
                 end += 1
-            group, start = range(start, end), end
+            if end - start >= 2:
+                groups.append(range(start, end))
+            start = end
+        if self.guide is None and self.config.self_horizon:  # BEST_CANDIDATE: every group's candidates in lock-step
+            jobs = [(g[0], c) for g in groups for c in candidates[g[0]]]
+            self._self_continued(
+                trainer, model, tokenizer, [anchors[i] for i, _ in jobs], [states[i] for i, _ in jobs],
+                [ParsedAction(c, True) for _, c in jobs], step,
+            )  # fmt: skip
+        guided = [False] * len(anchors)
+        already = 0
+        rows_done: list[int] = []
+        for group in groups:
             anchor, state, cands = anchors[group[0]], states[group[0]], candidates[group[0]]
-            if len(group) < 2:
-                continue
             if self.guide is None:  # BEST_CANDIDATE
-                k = self._best_candidate(trainer, model, tokenizer, anchor, state, cands, step)
+                k = self._best_candidate(anchor, state, cands, step)
                 action = cands[k]
             else:
                 seed = group_seed(anchor, step, self.config.rollout_seed)
@@ -390,7 +397,6 @@ class BranchRollout(_RolloutBase):
                 k = match_candidate(action, cands)
             if k is None:
                 continue
-            groups += 1
             if any(parsed[i].valid and same_action(parsed[i].action, action) for i in group):
                 already += 1
                 continue
@@ -413,16 +419,12 @@ class BranchRollout(_RolloutBase):
         log = getattr(trainer, "_log_metric", None)
         if log is not None:
             log("rollout/guided_rate", len(rows_done) / max(1, len(anchors)))
-            log("rollout/guide_sampled_rate", already / max(1, groups))
+            log("rollout/guide_sampled_rate", already / max(1, already + len(rows_done)))
         return guided
 
-    def _best_candidate(self, trainer, model, tokenizer, anchor, state, candidates, step) -> int:
+    def _best_candidate(self, anchor, state, candidates, step) -> int:
         """The index of the listed candidate with the best final score from the anchor (the first of equals); every
-        outcome is kept for the call's rows."""
-        if self.config.self_horizon:
-            parsed = [ParsedAction(c, True) for c in candidates]
-            self._self_continued(trainer, model, tokenizer, [anchor] * len(candidates), [state] * len(candidates),
-                                 parsed, step)  # fmt: skip
+        outcome is kept for the call's rows (with ``self_horizon``, :meth:`_guide` has scored them all already)."""
         outcomes = []
         for action in candidates:
             key = self._key(anchor, action)

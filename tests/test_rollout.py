@@ -361,6 +361,14 @@ def test_best_candidate_guide_scores_every_listed_candidate_and_puts_the_best_in
     with pytest.raises(ValueError, match="horizon"):
         run(BranchRollout(RolloutConfig(horizon=5, guide_policy="best")), tokenizer, monkeypatch, texts, group=2)
 
+    # With the policy playing the first days itself, every group's candidates play them in lock-step: one generate()
+    # per day for the whole call (after the rows' own sampling), and the rows' actions are not played again.
+    self_played = BranchRollout(RolloutConfig(guide_policy="best", self_horizon=2))
+    out, sampler = run(self_played, tokenizer, monkeypatch, texts, group=2)
+    listed = sum(len(INTERFACE.candidate_actions(_state(a).obs)) for a in ANCHORS)
+    assert [len(call) for call in sampler.calls] == [4, listed, listed]
+    assert out["valid"] == [0.0, 1.0] * 2
+
 
 def test_guide_is_checked():
     with pytest.raises(ValueError, match="guide_policy"):
