@@ -237,15 +237,21 @@ def test_self_horizon_is_checked():
         RolloutConfig(mode="window", self_horizon=2)
 
 
-def test_teacher_match_compares_each_row_with_the_teacher_in_the_same_state(tokenizer, monkeypatch):
+def _heuristic_indices() -> list[int]:
+    """Per anchor, the index of the listed candidate the grader heuristic takes there."""
     from recruit_trl.traces import match_candidate
 
     heuristic = INTERFACE.get_policy("grader_heuristic")
-    taught = []
+    out = []
     for anchor in ANCHORS:
         obs = _state(anchor).obs
-        taught.append(match_candidate(heuristic(obs, random.Random(0)), INTERFACE.candidate_actions(obs)))
-    assert None not in taught
+        out.append(match_candidate(heuristic(obs, random.Random(0)), INTERFACE.candidate_actions(obs)))
+    assert None not in out
+    return out
+
+
+def test_teacher_match_compares_each_row_with_the_teacher_in_the_same_state(tokenizer, monkeypatch):
+    taught = _heuristic_indices()
     # Rows 0-1 of each group answer the teacher's index, rows 2-3 another candidate (or nothing parseable).
     texts = []
     for k in taught:
@@ -281,18 +287,6 @@ def test_full_finetune_choices_are_checked_at_start_up(flag):
     assert getattr(ScriptArguments(**{flag: "False"}), flag) == "False"  # case-insensitive, as resolved later
 
 
-def _guide_indices(policy="grader_heuristic"):
-    from recruit_trl.traces import match_candidate
-
-    guide = INTERFACE.get_policy(policy)
-    out = []
-    for anchor in ANCHORS:
-        obs = _state(anchor).obs
-        out.append(match_candidate(guide(obs, random.Random(0)), INTERFACE.candidate_actions(obs)))
-    assert None not in out
-    return out
-
-
 def test_guide_puts_its_action_into_every_group_that_missed_it(tokenizer, monkeypatch):
     from contextlib import nullcontext
 
@@ -311,7 +305,7 @@ def test_guide_puts_its_action_into_every_group_that_missed_it(tokenizer, monkey
     scored = []
     monkeypatch.setattr(rollout_mod, "completion_logprobs", logprobs)
     monkeypatch.setattr(rollout_mod, "policy_for_generation", lambda trainer: nullcontext(object()))
-    k_easy, k_hard = _guide_indices()
+    k_easy, k_hard = _heuristic_indices()
     easy, hard = (f'{{"action_index": {1 if k == 0 else 0}}}' for k in (k_easy, k_hard))
     guided = [f'{{"action_index": {k}}}' for k in (k_easy, k_hard)]
     # Easy's group misses the guide's answer (one row unparseable: that row makes way); hard's group samples it.
