@@ -41,6 +41,7 @@ from collections import Counter
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any
 
 from recruit_trl.anchors import Anchor, AnchorCache, AnchorState, anchor_from_prompt
@@ -368,15 +369,8 @@ class BranchRollout(_RolloutBase):
         (temperature only: ``logprobs`` matter only for vLLM's importance correction, which these rollouts do not
         use). A guide action that is not a listed candidate is skipped.
         """
-        groups = []
-        start = 0
-        while start < len(anchors):
-            end = start + 1
-            while end < len(anchors) and anchors[end].key() == anchors[start].key():
-                end += 1
-            if end - start >= 2:
-                groups.append(range(start, end))
-            start = end
+        runs = (list(rows) for _, rows in groupby(range(len(anchors)), key=lambda i: anchors[i].key()))
+        groups = [rows for rows in runs if len(rows) >= 2]
         if self.guide is None and self.config.self_horizon:  # BEST_CANDIDATE: every group's candidates in lock-step
             jobs = [(g[0], c) for g in groups for c in candidates[g[0]]]
             self._self_continued(
@@ -392,8 +386,7 @@ class BranchRollout(_RolloutBase):
                 k = self._best_candidate(anchor, state, cands, step)
                 action = cands[k]
             else:
-                seed = group_seed(anchor, step, self.config.rollout_seed)
-                action = self.teacher_action(self.scorer.start(anchor, state, seed), state.obs, seed, self.guide)
+                action = self._anchor_action(self.guide, anchor, state, step)
                 k = match_candidate(action, cands)
             if k is None:
                 continue
@@ -425,13 +418,7 @@ class BranchRollout(_RolloutBase):
     def _best_candidate(self, anchor, state, candidates, step) -> int:
         """The index of the listed candidate with the best final score from the anchor (the first of equals); every
         outcome is kept for the call's rows (with ``self_horizon``, :meth:`_guide` has scored them all already)."""
-        outcomes = []
-        for action in candidates:
-            key = self._key(anchor, action)
-            if key not in self._outcomes:
-                self._outcomes[key] = self._outcome(anchor, state, action, step)
-            outcomes.append(self._outcomes[key])
-        scores = [o["final_score"] for o in outcomes]
+        scores = [self._cached_outcome(anchor, state, action, step)["final_score"] for action in candidates]
         if None in scores:
             raise ValueError(
                 f"guide_policy={BEST_CANDIDATE!r} ranks the candidates by final score, but the horizon "
@@ -512,6 +499,18 @@ class BranchRollout(_RolloutBase):
             branches.append(branch)
         return self._average(branches)
 
+    def _anchor_action(self, policy, anchor: Anchor, state: AnchorState, step: int) -> Action:
+        """``policy``'s action in the anchor's state, seeded as the anchor's group (a planner looks ahead from it)."""
+        seed = group_seed(anchor, step, self.config.rollout_seed)
+        return self.teacher_action(self.scorer.start(anchor, state, seed), state.obs, seed, policy)
+
+    def _cached_outcome(self, anchor: Anchor, state: AnchorState, action: Action, step: int) -> dict[str, Any]:
+        """:meth:`_outcome`, computed once per (anchor, action) in a call (rows and the guide share it)."""
+        key = self._key(anchor, action)
+        if key not in self._outcomes:
+            self._outcomes[key] = self._outcome(anchor, state, action, step)
+        return self._outcomes[key]
+
     def _self_continued(self, trainer, model, tokenizer, anchors, states, parsed, step) -> None:
         """Outcomes of every distinct (anchor, action) of the call when the policy itself plays the first
         ``self_horizon`` days after the action: greedy, every branch in lock-step (one generate() per day), each
@@ -564,10 +563,7 @@ class BranchRollout(_RolloutBase):
 
     def _score(self, anchor: Anchor, state: AnchorState, parsed: ParsedAction, step: int) -> dict[str, Any]:
         """One row: the (possibly shared) outcome of the parsed action plus what is particular to the row."""
-        key = self._key(anchor, parsed.action)
-        outcome = self._outcomes.get(key)
-        if outcome is None:
-            outcome = self._outcomes[key] = self._outcome(anchor, state, parsed.action, step)
+        outcome = self._cached_outcome(anchor, state, parsed.action, step)
         if outcome["rejected"] is not None:
             parsed = outcome["rejected"]
         row = {name: outcome[name] for name in (*self.interface.reward_fields, "final_score", "action_error")}
@@ -578,9 +574,7 @@ class BranchRollout(_RolloutBase):
         row["teacher_match"] = None
         if self.teacher is not None:
             if anchor.key() not in self._taught:
-                seed = group_seed(anchor, step, self.config.rollout_seed)
-                env = self.scorer.start(anchor, state, seed)
-                self._taught[anchor.key()] = self.teacher_action(env, state.obs, seed)
+                self._taught[anchor.key()] = self._anchor_action(self.teacher, anchor, state, step)
             row["teacher_match"] = float(parsed.valid and same_action(parsed.action, self._taught[anchor.key()]))
         return row
 
