@@ -314,7 +314,10 @@ def heldout_report(
     """Greedy predictions on held-out rows: teacher match, strict JSON, valid action, action-type distributions.
 
     A prediction is valid when it parses under the contract (index in range; for ``json``, an action the
-    interface validates).
+    interface validates). ``teacher_match_by_type`` breaks the teacher match down by task and the teacher's action
+    type (``[rate, rows]``): an overall match hides where a warm start misses the teacher (the main command's seed-0
+    warm start gave the expert's allocation the highest probability of the listed answers on 22 % of hard's endgame
+    rows it was trained on, on 97 % of easy's).
     """
     from transformers import GenerationConfig
 
@@ -326,11 +329,16 @@ def heldout_report(
     completions, _ = sample(model, tokenizer, prompts, config, MAX_NEW_TOKENS[contract], batch_size)
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
     match = strict = valid = 0
+    by_type: dict[str, dict[str, list[int]]] = {}  # task -> teacher's action type -> [matches, rows]
     predicted_types: Counter = Counter()
     teacher_types: Counter = Counter(row["action_type"] for row in dataset)
     for row, text in zip(dataset, texts, strict=True):
         target = row["completion"][0]["content"]
-        match += int(text.strip() == target.strip())
+        hit = int(text.strip() == target.strip())
+        match += hit
+        cell = by_type.setdefault(row.get("task", "all"), {}).setdefault(row["action_type"], [0, 0])
+        cell[0] += hit
+        cell[1] += 1
         obj = parse_json_object(text)[0]
         strict += int(obj is not None)
         predicted = None
@@ -354,4 +362,8 @@ def heldout_report(
         "valid_action_rate": round(valid / n, 4),
         "predicted_action_types": {k: round(v / total_pred, 4) for k, v in sorted(predicted_types.items())},
         "teacher_action_types": {k: round(v / n, 4) for k, v in sorted(teacher_types.items())},
+        "teacher_match_by_type": {
+            task: {kind: [round(hits / rows, 4), rows] for kind, (hits, rows) in sorted(cells.items())}
+            for task, cells in sorted(by_type.items())
+        },
     }

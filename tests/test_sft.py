@@ -158,3 +158,22 @@ def test_extra_traces_add_the_chosen_days_of_more_episodes():
     assert ScriptArguments().sft_extra_traces == []  # off in the main job
     with pytest.raises(ValueError, match="its task is not one of --tasks"):
         ScriptArguments(sft_extra_traces=["hardbench:137-180:500-501"])
+
+
+def test_heldout_report_breaks_the_teacher_match_down_by_task_and_action_type(warm_model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from recruit_trl.sft import heldout_report
+
+    _, heldout, _ = build_sft_datasets(
+        INTERFACE, ["easy_bench_stage_30", "hard_bench_stage_30"], [1], [3], teacher="safe", max_type_fraction=1.0
+    )
+    model = AutoModelForCausalLM.from_pretrained(warm_model).eval()
+    report = heldout_report(model, AutoTokenizer.from_pretrained(warm_model), heldout, "index")
+    cells = report["teacher_match_by_type"]
+    assert set(cells) == set(heldout["task"])
+    for task, kinds in cells.items():
+        rows = [r for r in heldout if r["task"] == task]
+        assert {k: n for k, (_, n) in kinds.items()} == dict(Counter(r["action_type"] for r in rows))
+    matched = sum(rate * n for kinds in cells.values() for rate, n in kinds.values())
+    assert matched == pytest.approx(report["teacher_match"] * report["rows"], abs=1e-2)
