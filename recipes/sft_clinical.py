@@ -16,8 +16,8 @@ Top to bottom:
    ``<output_dir>/round-K``. The last round's student plays those seeds too, and the round whose student scored
    best is kept (``--keep_best_round``): its adapter (or model) and the tokenizer are saved to ``--output_dir``.
    Start GRPO / REINFORCE from it with ``--sft_adapter <output_dir>``.
-5. Held-out report (``<output_dir>/heldout_report.json``): teacher match, strict-JSON and valid-action rates,
-   predicted vs teacher action-type distributions.
+5. Held-out report (``<output_dir>/heldout_report.json``): teacher match (also by task and teacher action type),
+   strict-JSON and valid-action rates, predicted vs teacher action-type distributions.
 """
 
 from __future__ import annotations
