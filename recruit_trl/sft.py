@@ -315,9 +315,8 @@ def heldout_report(
 
     A prediction is valid when it parses under the contract (index in range; for ``json``, an action the
     interface validates). ``teacher_match_by_type`` breaks the teacher match down by task and the teacher's action
-    type (``[rate, rows]``): an overall match hides where a warm start misses the teacher (the main command's seed-0
-    warm start gave the expert's allocation the highest probability of the listed answers on 22 % of hard's endgame
-    rows it was trained on, on 97 % of easy's).
+    type (``[rate, rows]``): an overall match hides where a warm start misses the teacher (docs/experiments.md,
+    twenty-fourth session).
     """
     from transformers import GenerationConfig
 
@@ -331,7 +330,6 @@ def heldout_report(
     match = strict = valid = 0
     by_type: dict[str, dict[str, list[int]]] = {}  # task -> teacher's action type -> [matches, rows]
     predicted_types: Counter = Counter()
-    teacher_types: Counter = Counter(row["action_type"] for row in dataset)
     for row, text in zip(dataset, texts, strict=True):
         target = row["completion"][0]["content"]
         hit = int(text.strip() == target.strip())
@@ -353,6 +351,9 @@ def heldout_report(
         valid += int(predicted is not None)
         if predicted is not None:
             predicted_types[predicted] += 1
+    teacher_types: Counter = Counter()
+    for cells in by_type.values():
+        teacher_types.update({kind: rows for kind, (_, rows) in cells.items()})
     n = max(1, len(texts))
     total_pred = max(1, sum(predicted_types.values()))
     return {
