@@ -61,6 +61,17 @@ REWARD_FIELDS = (
     "hypothesis_accuracy",
 )
 
+# The fields that say what an action does (two actions equal on these are the same decision).
+MATCH_FIELDS = (
+    "action_type",
+    "patient_id",
+    "site_id",
+    "strategy_change",
+    "target_phase",
+    "memory_key",
+    "memory_query",
+)
+
 SYSTEM_PROMPT = "You run a clinical-trial recruitment campaign, one action per day. Enrol patients within budget."
 
 
@@ -139,6 +150,10 @@ class ClinicalInterface:
 
     def action_type(self, action: Mapping[str, Any]) -> str:
         return str(action.get("action_type"))
+
+    def action_key(self, action: Mapping[str, Any]) -> tuple:
+        """What an action does: its type and arguments; the hypothesis and confidence annotations are ignored."""
+        return tuple(action.get(f) for f in MATCH_FIELDS)
 
     def get_policy(self, name: str):
         return get_policy(name)

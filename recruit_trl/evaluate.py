@@ -250,7 +250,7 @@ class Evaluator:
 
     def _label(self, messages, candidates, taught, episode: tuple[str, int], day: int) -> None:
         if self.config.contract == "index":
-            k = match_candidate(taught, candidates)
+            k = match_candidate(self.interface, taught, candidates)
             if k is None:
                 return  # the teacher's action is not listed: nothing the model could answer
             taught = candidates[k]
@@ -279,7 +279,7 @@ class Evaluator:
                 "day": log.length,
                 "action": describe(action),
                 "teacher": describe(taught) if taught is not None else None,
-                "match": same_action(action, taught) if taught is not None else None,
+                "match": same_action(self.interface, action, taught) if taught is not None else None,
                 "valid": bool(valid and not info.get("last_action_error")),
                 "outcome": self.interface.outcome(info),
             }
@@ -296,7 +296,7 @@ class Evaluator:
         log.valid += int(valid and not info.get("last_action_error"))
         if taught is not None:
             log.teacher_checked += 1
-            log.teacher_match += int(same_action(action, taught))
+            log.teacher_match += int(same_action(self.interface, action, taught))
 
     def _finish(self, log: EpisodeLog, obs: dict, info: dict, env) -> None:
         log.final_score = self.interface.final_score(info)

@@ -19,6 +19,7 @@ so a recipe can name an environment that recruit_trl has never heard of.
 from __future__ import annotations
 
 import importlib
+import json
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -31,6 +32,16 @@ Action = dict[str, Any]
 # planner can look ahead from the current state (re-seeding its simulated copies, never reading the true RNG).
 Policy = Callable[[Observation, random.Random], Action]
 StepResult = tuple[Observation, float, bool, bool, Info]
+
+
+def action_key(interface: EnvInterface, action: Action) -> Any:
+    """What identifies ``action`` when two actions are compared (SFT labels, teacher match, guides, DAgger).
+
+    The interface's optional ``action_key(action)`` (e.g. the fields that say what is done, without free-text
+    annotations); by default the whole action, canonically serialised.
+    """
+    key = getattr(interface, "action_key", None)
+    return key(action) if key is not None else json.dumps(action, sort_keys=True, default=str)
 
 
 def policy_action(policy: Policy, env: MultiStepEnv, obs: Observation, rng: random.Random) -> Action:
@@ -121,7 +132,10 @@ class EnvInterface(Protocol):
 
     def get_policy(self, name: str) -> Policy: ...
 
-    # Optional (looked up with getattr): the weighted parts of the finished episode's final grade, for reports.
+    # Optional members (looked up with getattr; the plugin has generic defaults):
+    # def action_key(self, action: Action) -> Hashable: what identifies an action when two are compared (default:
+    #     the whole action); e.g. the clinical environment ignores the free-text hypothesis and confidence.
+    # The weighted parts of the finished episode's final grade, for reports.
     # def score_terms(self, env: MultiStepEnv) -> Mapping[str, float] | None: ...
 
 

@@ -387,10 +387,10 @@ class BranchRollout(_RolloutBase):
                 action = cands[k]
             else:
                 action = self._anchor_action(self.guide, anchor, state, step)
-                k = match_candidate(action, cands)
+                k = match_candidate(self.interface, action, cands)
             if k is None:
                 continue
-            if any(parsed[i].valid and same_action(parsed[i].action, action) for i in group):
+            if any(parsed[i].valid and same_action(self.interface, parsed[i].action, action) for i in group):
                 already += 1
                 continue
             counts = Counter(self._key(anchor, parsed[i].action) for i in group)
@@ -575,7 +575,9 @@ class BranchRollout(_RolloutBase):
         if self.teacher is not None:
             if anchor.key() not in self._taught:
                 self._taught[anchor.key()] = self._anchor_action(self.teacher, anchor, state, step)
-            row["teacher_match"] = float(parsed.valid and same_action(parsed.action, self._taught[anchor.key()]))
+            row["teacher_match"] = float(
+                parsed.valid and same_action(self.interface, parsed.action, self._taught[anchor.key()])
+            )
         return row
 
 
@@ -651,7 +653,9 @@ class WindowRollout(_RolloutBase):
                 before = obs[i]
                 taught = self.teacher_action(envs[i], before, day_seed(seeds[i], turn))
                 if taught is not None:
-                    rows[i]["matched_turns"] += int(parsed.valid and same_action(parsed.action, taught))
+                    rows[i]["matched_turns"] += int(
+                        parsed.valid and same_action(self.interface, parsed.action, taught)
+                    )
                 envs[i].reseed(day_seed(seeds[i], turn))
                 parsed, (obs_i, reward, terminated, truncated, info) = self.scorer.apply(envs[i], before, parsed)
                 _add(totals[i], self.interface.step_components(before, parsed.action, obs_i, reward, info))

@@ -7,8 +7,9 @@ warm up the tiny offline model and feed the SFT warm start, so the model sees th
 its first step.
 
 With the ``index`` contract the teacher's action must be one of the listed candidates. A teacher that
-speaks in free actions is matched to the candidate with the same action type and arguments (hypothesis
-and confidence ignored); a step without a match is played but not recorded (counted in ``skipped``).
+speaks in free actions is matched to the candidate that does the same thing (the interface's action key, e.g.
+type and arguments without free-text annotations); a step without a match is played but not recorded (counted
+in ``skipped``).
 """
 
 from __future__ import annotations
@@ -19,17 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recruit_trl.contracts import build_messages, completion_text, digest
-from recruit_trl.protocol import Action, EnvInterface, Observation, policy_action
+from recruit_trl.protocol import Action, EnvInterface, Observation, action_key, policy_action
 
-MATCH_FIELDS = (
-    "action_type",
-    "patient_id",
-    "site_id",
-    "strategy_change",
-    "target_phase",
-    "memory_key",
-    "memory_query",
-)
 # A candidate teacher picks an index into the interface's candidate list (obs, candidates, rng) -> int.
 CandidateTeacher = Callable[[Observation, Sequence[Action], random.Random], int]
 
@@ -43,21 +35,22 @@ def fallback_teacher(interface: EnvInterface) -> CandidateTeacher:
     """The safe agent as a candidate teacher: the interface's fallback action."""
 
     def pick(obs: Observation, candidates: Sequence[Action], rng: random.Random) -> int:
-        k = match_candidate(interface.fallback_action(obs), candidates)
+        k = match_candidate(interface, interface.fallback_action(obs), candidates)
         return 0 if k is None else k
 
     return pick
 
 
-def same_action(a: Action, b: Action) -> bool:
-    """Whether two actions do the same thing (``MATCH_FIELDS`` equal; hypothesis and confidence ignored)."""
-    return all(a.get(f) == b.get(f) for f in MATCH_FIELDS)
+def same_action(interface: EnvInterface, a: Action, b: Action) -> bool:
+    """Whether two actions do the same thing: equal :func:`recruit_trl.protocol.action_key`."""
+    return action_key(interface, a) == action_key(interface, b)
 
 
-def match_candidate(action: Action, candidates: Sequence[Action]) -> int | None:
-    """Index of the candidate taking the same action as ``action`` (ignoring hypothesis/confidence)."""
+def match_candidate(interface: EnvInterface, action: Action, candidates: Sequence[Action]) -> int | None:
+    """Index of the candidate taking the same action as ``action`` (see :func:`same_action`), else ``None``."""
+    key = action_key(interface, action)
     for k, cand in enumerate(candidates):
-        if same_action(cand, action):
+        if action_key(interface, cand) == key:
             return k
     return None
 
@@ -151,7 +144,7 @@ def collect_traces(
                 explore = bool(epsilon and explorable and rng.random() < epsilon)
                 if policy is not None:
                     action = policy_action(policy, env, obs, rng)
-                    k: int | None = match_candidate(action, candidates)
+                    k: int | None = match_candidate(interface, action, candidates)
                 else:
                     k = pick(obs, candidates, rng)
                     action = candidates[k]

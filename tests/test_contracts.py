@@ -195,7 +195,7 @@ def test_plans_are_offered_until_the_agent_has_its_own():
     expert = ExpertPolicy()
     first = expert.act(env, rng=random.Random(0), obs=obs)
     assert first["action_type"] == "plan_next_phase"
-    assert match_candidate(first, INTERFACE.candidate_actions(obs)) is not None
+    assert match_candidate(INTERFACE, first, INTERFACE.candidate_actions(obs)) is not None
     obs, *_ = env.step(first)
     # With a plan of its own, plans are listed only with the other free actions (hold, nothing productive, lean).
     kinds = [c["action_type"] for c in INTERFACE.candidate_actions(obs)]

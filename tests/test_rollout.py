@@ -245,7 +245,7 @@ def _heuristic_indices() -> list[int]:
     out = []
     for anchor in ANCHORS:
         obs = _state(anchor).obs
-        out.append(match_candidate(heuristic(obs, random.Random(0)), INTERFACE.candidate_actions(obs)))
+        out.append(match_candidate(INTERFACE, heuristic(obs, random.Random(0)), INTERFACE.candidate_actions(obs)))
     assert None not in out
     return out
 
