@@ -1,7 +1,8 @@
 """The clinical environment seen by an LLM agent: compact prompts, candidate actions and reward components.
 
-This module implements :class:`recruit_trl.protocol.EnvInterface` for :class:`env.ClinicalRecruitmentEnv`
-and registers it as ``"clinical"``. It is the only place where the plugin meets clinical details.
+This module implements recruit_trl's ``EnvInterface`` protocol for :class:`env.ClinicalRecruitmentEnv` (without
+importing recruit_trl): :data:`CLINICAL`, which the package declares as the entry point ``clinical`` of the
+``recruit_trl.envs`` group (``pyproject.toml``). It is the only place where the plugin meets clinical details.
 
 * Rendering: one short block per decision (day, budget, enrolment vs target, funnel, pressures, what the
   fixed calendar still holds (see :func:`calendar_line`), sites, plan and memory, and a digest of the last
@@ -25,6 +26,8 @@ and registers it as ``"clinical"``. It is the only place where the plugin meets 
 * Reward components per step: the environment reward, enrolment gain, screening successes, dropouts,
   milestone bonus, hypothesis accuracy; plus the reference's action shaping for the sampled action
   (+0.20 allocate, +0.15 recontact, +0.10 screen, -0.10 adjust_strategy while a productive action exists).
+* Evaluation: enrolled and budget left after every day (the enrolment curve, its peak and its value after 15 and 30
+  days), the reference's published figures to compare with, the remote client, the task table.
 """
 
 from __future__ import annotations
@@ -37,9 +40,8 @@ from env.expert import p_allocate, target_site
 from env.graders import BUDGET_RESERVE
 from env.models import ACTION_TYPES, validate_action
 from env.policies import get_policy, register_policy
-from env.tasks import PUBLIC_TASK_IDS, get_task
+from env.tasks import ALL_TASKS, PUBLIC_TASK_IDS, TASKS, get_task
 from env.world import curriculum_windows, hold_days, scheduled_dropout_days
-from recruit_trl.protocol import register_env
 
 WORLD_HYPOTHESIS = {"noise": "noise_dominant", "site_bias": "site_bias", "dropout": "dropout_dominant"}
 SHAPING = {"allocate_to_site": 0.20, "recontact": 0.15, "screen_patient": 0.10}
@@ -73,6 +75,18 @@ MATCH_FIELDS = (
 )
 
 SYSTEM_PROMPT = "You run a clinical-trial recruitment campaign, one action per day. Enrol patients within budget."
+# The json contract's answer format: the action's fields (the prompts of trained models depend on this exact text).
+JSON_INSTRUCTIONS = (
+    "Answer with exactly one JSON object: the action, with its action_type and arguments (patient_id, site_id, "
+    "strategy_change, target_phase, memory_key, memory_query, hypothesis, confidence)."
+)
+
+# Published reference figures (shared/spec/reference-results.md): best reference policy per task, and its LLMs.
+REFERENCE_BEST = {"easy_bench": 0.607, "medium_bench": 0.533, "hard_bench": 0.560}
+# The reference's published LLM agents enrolled 3-5 patients per rollout, in rollouts of 15 steps (debug episodes)
+# and of about 30 tool calls (the 180-day horizon never reached): enrolment after as many days compares with them.
+REFERENCE_LLM_ENROLLED = (3, 5)
+ENROLLED_AT_DAYS = (15, 30)
 
 
 def hypothesis_for(obs: Mapping[str, Any]) -> str:
@@ -133,8 +147,14 @@ class ClinicalInterface:
 
     name = "clinical"
     system_prompt = SYSTEM_PROMPT
+    json_instructions = JSON_INSTRUCTIONS
     reward_fields = REWARD_FIELDS
     terminal_action_types = frozenset({"stop_recruitment"})
+    # Evaluation (see episode_metrics): the enrolment curve, and the reference's figures to compare with.
+    curve_metrics = ("enrolled",)
+    metric_days = ENROLLED_AT_DAYS
+    reference_scores = REFERENCE_BEST
+    reference_band = ("enrolled", "reference LLMs", *REFERENCE_LLM_ENROLLED)
 
     def __init__(self, fixes: Sequence[str] = ()) -> None:
         self.fixes = tuple(fixes)
@@ -157,6 +177,31 @@ class ClinicalInterface:
 
     def get_policy(self, name: str):
         return get_policy(name)
+
+    def remote_env(self, url: str, task: str, transport: str):
+        """A client of a server of this environment (ours or the reference's), with the local environment's API."""
+        from env.client import RemoteEnv  # needs the ``server`` extra (httpx), only for remote evaluation
+
+        return RemoteEnv(url, task=task, transport=transport)
+
+    def describe_tasks(self, all_tasks: bool = False) -> list[dict[str, Any]]:
+        """The public tasks (``all_tasks``: also the progressive ``*_stage_{30,90,180}`` variants) with their size."""
+        specs = ALL_TASKS if all_tasks else TASKS
+        return [
+            {
+                "id": spec.task_id,
+                "name": spec.name,
+                "difficulty": f"{spec.difficulty} ({spec.difficulty_label})",
+                "budget": spec.budget,
+                "target": spec.target,
+                "max_steps": spec.max_steps,
+            }
+            for spec in specs.values()
+        ]
+
+    def episode_metrics(self, obs: Mapping[str, Any], info: Mapping[str, Any]) -> dict[str, float]:
+        """Enrolled patients and budget left after a step (result rows: ``enrolled_*``, ``budget_left_mean``)."""
+        return {"enrolled": obs["enrolled_so_far"], "budget_left": obs["budget_remaining"]}
 
     # ------------------------------------------------------------------ rendering
     def render(self, obs: Mapping[str, Any], recent: Sequence[str]) -> str:
@@ -373,7 +418,6 @@ def _patient_facts(obs: Mapping[str, Any], kind: str | None, pid: str | None) ->
 
 
 CLINICAL = ClinicalInterface()
-register_env("clinical", CLINICAL)
 
 
 @register_policy("safe")

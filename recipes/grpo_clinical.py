@@ -45,20 +45,31 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
 from accelerate import PartialState  # noqa: E402
-from peft import PeftModel  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
-from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config, get_quantization_config  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer, ModelConfig, SFTConfig, TrlParser, get_peft_config  # noqa: E402
 
 from recruit_trl.evaluate import EvalConfig, cached_evaluation, evaluate_cached, evaluate_cached_runs  # noqa: E402
-from recruit_trl.models import METADATA_FILE, is_adapter, load_trainable  # noqa: E402
+from recruit_trl.models import (  # noqa: E402
+    METADATA_FILE,
+    is_adapter,
+    keep_4bit_layers_trainable,
+    load_trainable,
+    loading_config,
+    model_kind,
+    model_summary,
+    write_json_atomic,
+)
 from recruit_trl.protocol import get_env_interface  # noqa: E402
 from recruit_trl.rollout import make_rollout  # noqa: E402
 from recruit_trl.training import (  # noqa: E402
     ScriptArguments,
     cpu_defaults,
+    full_finetune,
     make_anchor_dataset,
     model_defaults,
+    model_init_kwargs,
     parse_int_ranges,
+    preset_defaults,
     resolve_model_for,
 )
 from rewards import get_reward_funcs  # noqa: E402
@@ -83,31 +94,30 @@ def main(
     t0 = time.perf_counter()
     model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
     timings["base_model"] = time.perf_counter() - t0
-    training_args.model_init_kwargs = {
-        "dtype": model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype),
-        "attn_implementation": model_args.attn_implementation,
-        **(training_args.model_init_kwargs or {}),
-    }
+    # One model configuration (dtype, attention, quantisation) for every stage: warm start, RL and evaluation.
+    training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
 
     # 3. Warm start: imitate the teacher first (the SFT recipe, cached), then continue from its adapter.
     background = None
     if script_args.sft_adapter is None and script_args.warm_start == "auto":
         t0 = time.perf_counter()
-        background = start_baseline_evals(script_args, training_args, model_path)
+        background = start_baseline_evals(script_args, training_args, model_args, model_path)
         script_args.sft_adapter = run_warm_start(script_args, training_args, model_args, model_path)
         timings["sft"] = time.perf_counter() - t0
-    model: object = model_path
+    model: object = (
+        model_path  # without a warm start: the base model, with a fresh LoRA adapter unless --use_peft false
+    )
     tokenizer_path = model_path
     peft_config = get_peft_config(model_args)
     if script_args.sft_adapter and is_adapter(script_args.sft_adapter):
-        # A trainable SFT adapter, and no second peft_config (see shared TRL facts).
+        # RL continues the SFT adapter (trainable, on the base loaded as configured), and no second peft_config.
         model = load_trainable(model_path, script_args.sft_adapter, training_args.model_init_kwargs)
         peft_config = None
     elif script_args.sft_adapter:  # a fully fine-tuned SFT model: RL trains every weight, or a fresh adapter on it
         model = script_args.sft_adapter
         if Path(model, "tokenizer_config.json").is_file():  # its own tokenizer: the base may be another tiny build
             tokenizer_path = model
-        if rl_full_finetune(script_args, model_args, model_path):
+        if full_finetune(script_args.rl_full_finetune, model_args, model_path):
             peft_config = None
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, padding_side="left")
@@ -120,6 +130,7 @@ def main(
             script_args, interface, rollout.cache, student=script_args.sft_adapter or model_path,
             temperature=training_args.temperature, top_p=training_args.top_p,
             states_file=str(Path(training_args.output_dir) / "anchor_states.pkl"),
+            model_loading=loading_config(model_args),
         )  # fmt: skip
     trainer = trainer_cls(
         model=model,
@@ -127,17 +138,20 @@ def main(
         args=training_args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=peft_config,
-        quantization_config=get_quantization_config(model_args),
+        peft_config=peft_config,  # quantisation, when asked for, is in training_args.model_init_kwargs
         rollout_func=rollout,
     )
+    keep_4bit_layers_trainable(trainer.model)  # rollouts generate in eval mode; see its docstring (CPU QLoRA)
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=_last_checkpoint(training_args.output_dir))
     timings["rl"] = time.perf_counter() - t0
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json: every logged metric, step by step
     if trainer.accelerator.is_main_process:
-        info = {"base_model": model_path, "world_size": trainer.accelerator.num_processes, "anchors": len(dataset)}
+        info = {
+            "base_model": model_path, "world_size": trainer.accelerator.num_processes, "anchors": len(dataset),
+            "model": model_summary(trainer.model), "sft_trained": sft_trained(script_args),
+        }  # fmt: skip
         Path(training_args.output_dir, "run_info.json").write_text(json.dumps(info, indent=2))
 
     # 5. Report: held-out evaluation of base / SFT / RL models and baselines, plots, summary.
@@ -148,69 +162,60 @@ def main(
 
 
 def run_warm_start(script_args, training_args, model_args, model_path: str) -> str:
-    """Run ``recipes/sft_clinical.py`` into ``<output_dir>/sft`` (skipped when already finished there)."""
+    """Run ``recipes/sft_clinical.py`` in-process into ``<output_dir>/sft`` (skipped when already finished there).
+
+    The SFT stage gets this run's ``ModelConfig`` (quantisation, dtype, attention, LoRA rank / alpha / targets), so
+    the warm start loads and trains the model exactly as RL will; only ``use_peft`` is set by
+    ``--sft_full_finetune``. Its ``SFTConfig`` is the SFT recipe's defaults with this run's seed, precision and
+    device settings.
+    """
     sys.path.insert(0, str(RECIPES))
     import sft_clinical
 
-    sft_dir = str(Path(training_args.output_dir) / "sft")
-    full = sft_full_finetune(script_args, model_args, model_path)
-    targets = model_args.lora_target_modules or []
-    targets = [targets] if isinstance(targets, str) else list(targets)  # ModelConfig unwraps a single module
-    flags = [
-        "--model_name_or_path", model_path, "--output_dir", sft_dir, "--teacher", script_args.teacher,
-        "--env", script_args.env, "--tasks", *script_args.tasks, "--train_seeds", script_args.sft_train_seeds,
-        "--heldout_seeds", script_args.sft_heldout_seeds,
-        "--contract", script_args.contract, "--recent_k", str(script_args.recent_k),
-        "--num_train_epochs", str(script_args.sft_epochs), "--seed", str(training_args.seed),
-        "--epsilon", str(script_args.sft_epsilon), "--dagger_rounds", str(script_args.dagger_rounds),
-        "--dagger_seeds", script_args.dagger_seeds, "--dagger_epochs", str(script_args.dagger_epochs),
-        "--balance_by_task", str(script_args.sft_balance_by_task),
-        "--keep_best_round", str(script_args.sft_keep_best_round),
-        "--length_buckets", str(script_args.sft_length_buckets),
-        "--use_peft", str(not full), "--learning_rate", str(script_args.sft_learning_rate or (3e-4 if full else 1e-3)),
-        "--lora_r", str(model_args.lora_r),
-        "--lora_alpha", str(model_args.lora_alpha), "--lora_target_modules", *targets,
-    ]  # fmt: skip
-    if script_args.sft_extra_traces:
-        flags += ["--extra_traces", *script_args.sft_extra_traces]
-    if script_args.sft_oversample:
-        flags += ["--oversample", *script_args.sft_oversample]
-    if script_args.sft_drop_candidate:
-        flags += ["--drop_candidate", str(script_args.sft_drop_candidate)]
-    sft_clinical.main(*sft_clinical.parse_args(flags))
-    return sft_dir
+    full = full_finetune(script_args.sft_full_finetune, model_args, model_path)
+    sft_args = sft_clinical.SFTScriptArguments(
+        env=script_args.env, tasks=list(script_args.tasks), teacher=script_args.teacher,
+        train_seeds=script_args.sft_train_seeds, heldout_seeds=script_args.sft_heldout_seeds,
+        heldout_rows=script_args.sft_heldout_rows,
+        contract=script_args.contract, recent_k=script_args.recent_k, epsilon=script_args.sft_epsilon,
+        balance_by_task=script_args.sft_balance_by_task, oversample=list(script_args.sft_oversample),
+        extra_traces=list(script_args.sft_extra_traces), drop_candidate=script_args.sft_drop_candidate,
+        dagger_rounds=script_args.dagger_rounds, dagger_seeds=script_args.dagger_seeds,
+        dagger_epochs=script_args.dagger_epochs, keep_best_round=script_args.sft_keep_best_round,
+        length_buckets=script_args.sft_length_buckets, tiny_corpus_seeds=script_args.tiny_corpus_seeds,
+        tiny_build_steps=script_args.tiny_build_steps,
+    )  # fmt: skip
+    shared = ("seed", "bf16", "fp16", "use_cpu", "gradient_checkpointing", "model_init_kwargs")
+    sft_config = SFTConfig(
+        **{
+            **sft_clinical.sft_defaults(),
+            **{k: getattr(training_args, k) for k in shared},
+            "output_dir": str(Path(training_args.output_dir) / "sft"),
+            "num_train_epochs": script_args.sft_epochs,
+            "learning_rate": script_args.sft_learning_rate or (3e-4 if full else 1e-3),
+            "per_device_train_batch_size": script_args.sft_batch_size,
+            "max_steps": script_args.sft_max_steps,
+        }
+    )
+    sft_model_args = replace(model_args, model_name_or_path=model_path, use_peft=not full)
+    sft_clinical.main(sft_args, sft_config, sft_model_args)
+    return sft_config.output_dir
 
 
-def sft_full_finetune(script_args, model_args, model_path: str) -> bool:
-    """Whether the warm start fine-tunes every weight: ``--sft_full_finetune auto`` does for a tiny model built
-    here (``recruit_trl.models.METADATA_FILE`` in its folder) and without ``--use_peft``."""
-    return _full_finetune(script_args.sft_full_finetune, model_args, model_path)
-
-
-def rl_full_finetune(script_args, model_args, model_path: str) -> bool:
-    """Whether RL on a fully fine-tuned warm start trains every weight rather than a fresh LoRA adapter:
-    ``--rl_full_finetune auto`` does for a tiny model built here and without ``--use_peft``."""
-    return _full_finetune(script_args.rl_full_finetune, model_args, model_path)
-
-
-def _full_finetune(choice: str, model_args, model_path: str) -> bool:
-    choice = str(choice).lower()  # one of auto / true / false: ScriptArguments checks it at start-up
-    if choice == "auto":
-        return Path(model_path, METADATA_FILE).is_file() or not model_args.use_peft
-    return choice == "true"
-
-
-def report_runs(script_args, training_args, model_path: str) -> list[tuple[str, str, EvalConfig, Path]]:
+def report_runs(script_args, training_args, model_args, model_path: str) -> list[tuple[str, str, EvalConfig, Path]]:
     """The report's evaluations as ``(label, policy, config, cache file)``: the base, SFT and RL models greedy (and
     sampled for ``--eval_sampled``), then ``--eval_baselines``."""
     out = Path(training_args.output_dir)
-    policies = {"base": f"model:{model_path}"}
-    if script_args.sft_adapter:
-        policies["sft"] = f"model:{script_args.sft_adapter}"
-    policies["grpo"] = f"model:{out}"
+    policies = {}
+    if eval_model_episodes(script_args, model_path):
+        policies["base"] = f"model:{model_path}"
+        if script_args.sft_adapter:
+            policies["sft"] = f"model:{script_args.sft_adapter}"
+        policies["grpo"] = f"model:{out}"
     policies.update({name: name for name in script_args.eval_baselines})
     config = EvalConfig(
         env=script_args.env,
+        model_loading=loading_config(model_args),  # the models are evaluated loaded as they were trained
         tasks=tuple(script_args.tasks),
         seeds=tuple(parse_int_ranges(script_args.eval_seeds)),
         contract=script_args.contract,
@@ -226,7 +231,13 @@ def report_runs(script_args, training_args, model_path: str) -> list[tuple[str, 
     return [(label, policy, cfg, out / "eval" / f"{label}.json") for label, policy, cfg in runs]
 
 
-def start_baseline_evals(script_args, training_args, model_path: str):
+def eval_model_episodes(script_args, model_path: str) -> bool:
+    """Whether the report plays whole episodes with the models (``--eval_episodes``; ``auto``: the tiny model)."""
+    choice = str(script_args.eval_episodes).lower()
+    return model_kind(model_path) == "tiny" if choice == "auto" else choice == "true"
+
+
+def start_baseline_evals(script_args, training_args, model_args, model_path: str):
     """Evaluate ``--eval_baselines`` in a background process while the warm start traces the teacher.
 
     Both are single-threaded Python (environment steps and the expert's lookahead), so on a 2-core machine one
@@ -244,7 +255,7 @@ def start_baseline_evals(script_args, training_args, model_path: str):
         return None
     runs = [
         (label, policy, cfg, str(path))
-        for label, policy, cfg, path in report_runs(script_args, training_args, model_path)
+        for label, policy, cfg, path in report_runs(script_args, training_args, model_args, model_path)
         if not policy.startswith("model:") and cached_evaluation(cfg, path) is None
     ]
     if not runs:
@@ -268,20 +279,27 @@ def report_run(
     if background is not None:
         background[0].join()  # its cache files are read below; anything it did not finish is evaluated here
     results, per_episode = [], {}
-    for label, policy, cfg, cache in report_runs(script_args, training_args, model_path):
+    for label, policy, cfg, cache in report_runs(script_args, training_args, model_args, model_path):
         part = evaluate_cached(policy, cfg, label, cache)  # a re-run does not redo finished evaluations
         results.extend(part["results"])
         per_episode[label] = part["config"]["seconds_per_episode"][label]
     timings["eval"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    decisions = decision_report(script_args, model_args, trainer, model_path) if script_args.eval_decisions else None
+    timings["eval_decisions"] = time.perf_counter() - t0
     sft_report = Path(script_args.sft_adapter, "heldout_report.json") if script_args.sft_adapter else None
     report = {
         "results": results,
+        "decisions": decisions,
         "training": {"curves": training_curves(trainer.state.log_history), "steps": trainer.state.global_step},
         "sft": json.loads(sft_report.read_text()) if sft_report and sft_report.is_file() else None,
+        # What RL and the warm start saved: "adapter" (LoRA) or "full" (every weight).
+        "trained": model_summary(trainer.model)["trained"],
+        "sft_trained": sft_trained(script_args),
         "config": {
             "script": {k: v for k, v in vars(script_args).items()},
-            "sft_full_finetune_resolved": sft_full_finetune(script_args, model_args, model_path),
-            "rl_full_finetune_resolved": not isinstance(trainer.model, PeftModel),  # what RL really trained
+            "sft_full_finetune_resolved": sft_trained(script_args) == "full",
+            "rl_full_finetune_resolved": model_summary(trainer.model)["trained"] == "full",
             "grpo": {
                 k: getattr(training_args, k)
                 for k in (
@@ -302,7 +320,12 @@ def report_run(
                 "resolved": model_path,
                 "num_parameters": _built_num_parameters(model_path),
                 "lora_r": model_args.lora_r,
+                "lora_alpha": model_args.lora_alpha,
+                "lora_target_modules": model_args.lora_target_modules,
                 "use_peft": model_args.use_peft,
+                "dtype": model_args.dtype,
+                "load_in_4bit": model_args.load_in_4bit,
+                "load_in_8bit": model_args.load_in_8bit,
             },  # fmt: skip
             "eval_seeds": script_args.eval_seeds,
             "eval_sampling": {"temperature": script_args.eval_temperature, "top_p": script_args.eval_top_p},
@@ -314,9 +337,56 @@ def report_run(
         "seconds": round(time.perf_counter() - started, 1),
         "output_dir": str(out),
     }
-    paths = write_report(out, report)
-    print(summary(report))
+    interface = get_env_interface(script_args.env)
+    paths = write_report(out, report, interface)
+    print(summary(report, interface))
     print("\n".join(f"wrote {p}" for p in paths.values()))
+
+
+def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
+    """Decision-level measures on held-out states (``--decision_seeds`` x ``--decision_days``, reached by the
+    teacher; a fixed stratified subset of ``--decision_rows``): the benchmark table (strict JSON, valid action,
+    teacher match, invalid count; greedy, free decoding) and the state value of each policy's action (the final
+    score after the continuation policy plays on from it, common random numbers), for the base, SFT and RL models,
+    the teacher and the safe agent, with paired differences to the SFT model. Cached in ``eval/decisions.json``."""
+    from recruit_trl.decisions import decision_set, evaluate_decisions, sample_decisions
+
+    out = Path(trainer.args.output_dir)
+    policies = {"base": f"model:{model_path}"}
+    if script_args.sft_adapter:
+        policies["sft"] = f"model:{script_args.sft_adapter}"
+    policies.update({"grpo": f"model:{out}", script_args.teacher: script_args.teacher, "safe": "safe"})
+    key = {
+        "policies": policies, "step": trainer.state.global_step, "seeds": script_args.decision_seeds,
+        "days": script_args.decision_days, "rows": script_args.decision_rows, "teacher": script_args.teacher,
+        "tasks": list(script_args.tasks), "contract": script_args.contract, "recent_k": script_args.recent_k,
+        "continuation": script_args.continuation_policy, "model_loading": loading_config(model_args),
+    }  # fmt: skip
+    cache = out / "eval" / "decisions.json"
+    if cache.is_file():
+        cached = json.loads(cache.read_text())
+        if cached.get("key") == key:
+            return cached["result"]
+    interface = get_env_interface(script_args.env)
+    states = decision_set(
+        interface, script_args.tasks, parse_int_ranges(script_args.decision_seeds),
+        parse_int_ranges(script_args.decision_days), teacher=script_args.teacher, contract=script_args.contract,
+        recent_k=script_args.recent_k,
+    )  # fmt: skip
+    states = sample_decisions(interface, states, script_args.decision_rows)
+    result = evaluate_decisions(
+        interface, policies, states, reference="sft" if "sft" in policies else script_args.teacher,
+        continuation=script_args.continuation_policy, model_loading=key["model_loading"],
+    )  # fmt: skip
+    write_json_atomic(cache, {"key": key, "result": result})
+    return result
+
+
+def sft_trained(script_args) -> str | None:
+    """What the warm start saved (``"adapter"`` or ``"full"``), ``None`` without one."""
+    if not script_args.sft_adapter:
+        return None
+    return "adapter" if is_adapter(script_args.sft_adapter) else "full"
 
 
 def _built_num_parameters(model_path: str) -> int | None:
@@ -342,7 +412,8 @@ def parse_args(
     argv: list[str] | None = None, defaults: dict | None = None
 ) -> tuple[ScriptArguments, GRPOConfig, ModelConfig]:
     parser = TrlParser((ScriptArguments, GRPOConfig, ModelConfig))
-    parser.set_defaults(**{**cpu_defaults(), **model_defaults(), **(defaults or {})})
+    preset = preset_defaults(sys.argv[1:] if argv is None else argv)
+    parser.set_defaults(**{**cpu_defaults(), **model_defaults(), **preset, **(defaults or {})})
     return parser.parse_args_and_config(args=argv)
 
 

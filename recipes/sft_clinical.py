@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer, Trainer
-from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config, get_quantization_config
+from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
-from recruit_trl.models import is_trained, length_bucketed_batches, load_trainable
+from recruit_trl.models import is_trained, length_bucketed_batches, load_trainable, loading_config, model_summary
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.sft import (
     balance_action_types,
@@ -50,18 +50,21 @@ from recruit_trl.sft import (
     oversample_rows,
     to_conversational,
 )
-from recruit_trl.training import model_defaults, parse_int_ranges, resolve_model_for
+from recruit_trl.training import model_defaults, model_init_kwargs, parse_int_ranges, resolve_model_for
 
 
 @dataclass
 class SFTScriptArguments:
-    env: str = field(default="env.agent:CLINICAL", metadata={"help": "Environment interface (name or module:attr)."})
+    env: str = field(default="clinical", metadata={"help": "Environment interface (name or module:attr)."})
     tasks: list[str] = field(
         default_factory=lambda: ["easy_bench", "medium_bench", "hard_bench"], metadata={"help": "Tasks to trace."}
     )
     teacher: str = field(default="safe", metadata={"help": "Teacher policy registered by the environment."})
     train_seeds: str = field(default="300-311", metadata={"help": "Reset seeds of the training episodes."})
     heldout_seeds: str = field(default="400-402", metadata={"help": "Reset seeds of the held-out episodes."})
+    heldout_rows: int = field(
+        default=0, metadata={"help": "Held-out rows in the report: a fixed random subset of them (0: all)."}
+    )
     contract: str = field(default="index", metadata={"help": "Action contract: 'index' or 'json'."})
     recent_k: int = field(default=2, metadata={"help": "Recent actions in the prompt digest (as in the rollouts)."})
     epsilon: float = field(default=0.1, metadata={"help": "Random-candidate rate while tracing (state coverage)."})
@@ -174,19 +177,19 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     # 2. Model and LoRA fine-tuning on the completions (round 0), then DAgger rounds on the model's own states.
     model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    training_args.model_init_kwargs = {
-        "dtype": model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype),
-        "quantization_config": get_quantization_config(model_args),
-        **(training_args.model_init_kwargs or {}),
-    }
+    training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
+    if "quantization_config" in training_args.model_init_kwargs and not model_args.use_peft:
+        raise ValueError(
+            "a quantised model (--load_in_4bit/--load_in_8bit) trains a LoRA adapter: drop --use_peft false"
+        )
+    loading = loading_config(model_args)  # the students play loaded as they were trained (e.g. 4-bit)
     rounds = script_args.dagger_rounds
     data, model, dagger = train, None, []
     for r in range(rounds + 1):
         round_dir = out if rounds == 0 else out / f"round-{r}"
         if r > 0:  # the previous round's student plays; the teacher labels the states it reaches
-            data, info = dagger_data(
-                script_args, interface, data, out / f"round-{r - 1}", data_dir / f"dagger-{r}", training_args.seed + r
-            )
+            previous, cache = out / f"round-{r - 1}", data_dir / f"dagger-{r}"
+            data, info = dagger_data(script_args, interface, data, previous, cache, training_args.seed + r, loading)
             dagger.append({"round": r, **info})
         if is_trained(round_dir) and round_dir != out:
             print(f"DAgger round {r} already trained in {round_dir}")
@@ -197,7 +200,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         args = copy.deepcopy(training_args)
         args.output_dir = str(round_dir)
         if r > 0:
-            args.num_train_epochs = script_args.dagger_epochs
+            args.num_train_epochs, args.max_steps = script_args.dagger_epochs, -1  # a step cap is the first fit's
         trainer = WarmStartSFTTrainer(
             model_loss=not token_metrics(script_args, model_path),
             length_buckets=script_args.length_buckets,
@@ -213,7 +216,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     selected, selection = rounds, None
     if rounds > 0 and script_args.keep_best_round:
         scores = [{task: v["final_score_mean"] for task, v in d["student"].items()} for d in dagger]
-        scores.append(last_round_scores(script_args, interface, out / f"round-{rounds}", data_dir))
+        scores.append(last_round_scores(script_args, interface, out / f"round-{rounds}", data_dir, loading))
         selected = best_round(scores)
         summary = ", ".join(f"round {r}: {mean_over_tasks(s):.3f}" for r, s in enumerate(scores))
         print(f"DAgger students' mean final scores ({summary}); keeping round {selected}")
@@ -226,8 +229,11 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     # 3. Held-out report.
     model.eval()
     tokenizer.padding_side = "left"
+    if 0 < script_args.heldout_rows < len(heldout):  # a fixed subset: a real model on CPU takes ~1 s a row
+        heldout = heldout.shuffle(seed=0).select(range(script_args.heldout_rows))
     report = heldout_report(model, tokenizer, heldout, script_args.contract, interface=interface)
     report["data"] = stats
+    report["model"] = model_summary(model)
     report["dagger"] = dagger
     report["round_selection"] = selection
     (out / "heldout_report.json").write_text(json.dumps(report, indent=2))
@@ -306,9 +312,12 @@ def token_metrics(script_args: SFTScriptArguments, model_path: str) -> bool:
     return not 0 < vocab < 32_768
 
 
-def dagger_data(script_args: SFTScriptArguments, interface, data, policy_dir: Path, cache: Path, seed: int = 0):
+def dagger_data(
+    script_args: SFTScriptArguments, interface, data, policy_dir: Path, cache: Path, seed: int = 0, loading=None
+):
     """All data so far plus the teacher-labelled states that the adapter in ``policy_dir`` reaches (cached);
-    ``seed`` draws the rows that leave a candidate out (``--drop_candidate``)."""
+    ``seed`` draws the rows that leave a candidate out (``--drop_candidate``); ``loading`` loads the student as it
+    was trained (:func:`recruit_trl.models.loading_config`)."""
     from datasets import concatenate_datasets, load_from_disk
 
     if (cache / "info.json").is_file():
@@ -323,6 +332,7 @@ def dagger_data(script_args: SFTScriptArguments, interface, data, policy_dir: Pa
             contract=script_args.contract,
             recent_k=script_args.recent_k,
             env=script_args.env,
+            model_loading=loading,
         )
         group_by = "task" if script_args.balance_by_task else None
         balanced = balance_action_types(labelled, script_args.max_type_fraction, group_by=group_by)
@@ -342,7 +352,9 @@ def dagger_data(script_args: SFTScriptArguments, interface, data, policy_dir: Pa
     return concatenate_datasets([data, rows]), info
 
 
-def last_round_scores(script_args: SFTScriptArguments, interface, policy_dir: Path, data_dir: Path) -> dict:
+def last_round_scores(
+    script_args: SFTScriptArguments, interface, policy_dir: Path, data_dir: Path, loading=None
+) -> dict:
     """Mean final score per task of the last round's student playing ``--dagger_seeds`` (cached), as the earlier
     rounds' students did while their states were labelled."""
     cache = data_dir / f"student-{script_args.dagger_rounds}.json"
@@ -369,8 +381,8 @@ def _last_checkpoint(output_dir: str) -> str | None:
     return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, SFTConfig, ModelConfig]:
-    parser = TrlParser((SFTScriptArguments, SFTConfig, ModelConfig))
+def sft_defaults() -> dict:
+    """``SFTConfig`` values of this recipe (also the GRPO recipe's warm start): CPU-friendly, no hub, no logger."""
     defaults = {
         "output_dir": "outputs/sft_clinical",
         "learning_rate": 1e-3,
@@ -385,7 +397,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, SFTCo
     }
     if not torch.cuda.is_available():
         defaults.update({"bf16": False, "use_cpu": True})
-    parser.set_defaults(**defaults, **model_defaults())
+    return defaults
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, SFTConfig, ModelConfig]:
+    parser = TrlParser((SFTScriptArguments, SFTConfig, ModelConfig))
+    parser.set_defaults(**sft_defaults(), **model_defaults())
     return parser.parse_args_and_config(args=argv)
 
 

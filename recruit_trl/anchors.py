@@ -192,6 +192,7 @@ def record_anchors(
     temperature: float = 1.0,
     top_p: float = 1.0,
     policy_seed: int = 0,
+    model_loading: dict | None = None,
     progress: bool = True,
 ) -> dict[Anchor, AnchorState]:
     """Play ``model_path`` (sampled at ``temperature`` / ``top_p``, seeded by ``policy_seed``) on every task x seed
@@ -211,6 +212,7 @@ def record_anchors(
         temperature=temperature,
         top_p=top_p,
         policy_seed=policy_seed,
+        model_loading=dict(model_loading or {}),  # loaded as trained (recruit_trl.models.loading_config)
     )
     evaluator = Evaluator(config, interface)
     evaluator.capture_days = set(days)

@@ -1,7 +1,11 @@
-"""Training-loop benchmark: runs the GRPO recipe for a few optimizer steps and prints its cost figures.
+"""Training-loop benchmark: a few GRPO optimizer steps with recruit_trl's rollouts, and their cost figures.
 
-Usage: ``python -m recruit_trl.bench_rollout [--mode branch|window] [--steps 6] [--json FILE] [recipe flags]``.
-Unknown flags go to ``recipes/grpo_clinical.py`` (e.g. ``--model_name_or_path``, ``--num_generations``).
+Usage: ``python -m recruit_trl.bench_rollout [--steps 6] [--json FILE] [flags]``, where the flags are those of the
+GRPO recipe (``recipes/grpo_clinical.py``): ``ScriptArguments``, ``GRPOConfig`` and ``ModelConfig`` through
+``TrlParser``, with the same CPU and model defaults (e.g. ``--mode window``, ``--model_name_or_path``,
+``--num_generations``). It trains the base model (a fresh LoRA adapter unless ``--use_peft false``) on the anchors,
+with no warm start and no final evaluation: ``--warm_start none --report false`` are the defaults here, and asking
+for either is an error. ``--steps`` sets ``--max_steps``; nothing is saved.
 
 Reported (medians over the steps after the first, which pays for warm-up and anchor replay):
 seconds per optimizer step, generated tokens per environment decision, prompt tokens per decision, the
@@ -10,17 +14,16 @@ environment's share of rollout time, environment steps per sample, and the fract
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
+import os
 import platform
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "grpo_clinical.py"
 FIGURES = {
     "seconds_per_step": "step_time",
     "gen_tokens_per_decision": "rollout/gen_tokens_per_decision",
@@ -33,14 +36,12 @@ FIGURES = {
 }
 
 
-def load_recipe(path: Path = RECIPE):
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run the benchmark from a checkout of recruit_trl")
-    spec = importlib.util.spec_from_file_location("grpo_clinical_recipe", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is created
-    spec.loader.exec_module(module)
-    return module
+@dataclass
+class BenchArguments:
+    """The benchmark's own flags (every other flag is the GRPO recipe's)."""
+
+    steps: int = field(default=6, metadata={"help": "Optimizer steps to run (sets --max_steps)."})
+    json: str | None = field(default=None, metadata={"help": "Also write the figures to this JSON file."})
 
 
 def summarize(log_history: list[dict]) -> dict:
@@ -54,31 +55,86 @@ def summarize(log_history: list[dict]) -> dict:
     return out
 
 
+def parse_args(argv: list[str] | None = None):
+    """``(BenchArguments, ScriptArguments, GRPOConfig, ModelConfig)`` from the command line, parsed like the GRPO
+    recipe's (``--config file.yaml`` included) with its CPU and model defaults, and no warm start or report.
+
+    Raises:
+        ValueError: when the flags ask for a warm start, an SFT adapter or a report.
+    """
+    from trl import GRPOConfig, ModelConfig, TrlParser
+
+    from recruit_trl.training import ScriptArguments, cpu_defaults, model_defaults
+
+    parser = TrlParser((BenchArguments, ScriptArguments, GRPOConfig, ModelConfig))
+    parser.set_defaults(**{**cpu_defaults(), **model_defaults(), "warm_start": "none", "report": False})
+    bench, script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    if script_args.warm_start != "none" or script_args.sft_adapter or script_args.report:
+        raise ValueError("bench_rollout trains the base model only: drop --warm_start, --sft_adapter and --report")
+    if training_args.use_vllm:
+        raise ValueError("recruit_trl rollouts generate with transformers; vLLM is not supported (drop --use_vllm)")
+    training_args.max_steps = bench.steps
+    return bench, script_args, training_args, model_args
+
+
+def train(script_args, training_args, model_args):
+    """Build the GRPO trainer the recipe builds without a warm start (environment, model, anchors, rollouts,
+    rewards) and train it for ``training_args.max_steps`` steps; returns the trainer."""
+    import torch
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer, get_peft_config
+
+    from recruit_trl.models import keep_4bit_layers_trainable
+    from recruit_trl.protocol import get_env_interface
+    from recruit_trl.rollout import make_rollout
+    from recruit_trl.training import make_anchor_dataset, model_init_kwargs, resolve_model_for
+    from rewards import get_reward_funcs
+
+    if not torch.cuda.is_available():  # as the recipe: the CPU cores shared by the training processes
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(1, training_args.world_size)))
+    interface = get_env_interface(script_args.env)
+    model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
+    training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
+    rollout = make_rollout(script_args, interface)
+    dataset = make_anchor_dataset(
+        script_args, interface, rollout.cache, student=model_path,
+        temperature=training_args.temperature, top_p=training_args.top_p,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model_path,
+        reward_funcs=get_reward_funcs(script_args.reward_funcs),
+        args=training_args,
+        train_dataset=dataset,
+        processing_class=AutoTokenizer.from_pretrained(model_path, padding_side="left"),
+        peft_config=get_peft_config(model_args),
+        rollout_func=rollout,
+    )
+    keep_4bit_layers_trainable(trainer.model)
+    trainer.train()
+    return trainer
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m recruit_trl.bench_rollout", description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", default="branch", choices=("branch", "window"))
-    parser.add_argument("--steps", type=int, default=6, help="optimizer steps to run")
-    parser.add_argument("--json", help="also write the figures to this JSON file")
-    args, recipe_argv = parser.parse_known_args(argv)
-    recipe = load_recipe()
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL; we know
+    argv = sys.argv[1:] if argv is None else argv
     with tempfile.TemporaryDirectory() as out_dir:
-        # Rollouts only: no warm start and no final evaluation unless asked for (later flags win).
-        flags = ["--mode", args.mode, "--max_steps", str(args.steps), "--output_dir", out_dir, "--save_strategy", "no",
-                 "--warm_start", "none", "--report", "false"]  # fmt: skip
-        script_args, training_args, model_args = recipe.parse_args([*flags, *recipe_argv])
+        # Nothing is kept: a throwaway output folder and no checkpoints (later flags win over these).
+        bench, script_args, training_args, model_args = parse_args(
+            ["--output_dir", out_dir, "--save_strategy", "no", *argv]
+        )
         start = time.perf_counter()
-        trainer = recipe.main(script_args, training_args, model_args)
+        trainer = train(script_args, training_args, model_args)
         wall = time.perf_counter() - start
     report = {
         "figures": summarize(trainer.state.log_history),
         "config": {
-            "mode": args.mode,
-            "steps": args.steps,
+            "mode": script_args.mode,
+            "steps": bench.steps,
             "model": model_args.model_name_or_path,
             "num_generations": training_args.num_generations,
             "per_device_train_batch_size": training_args.per_device_train_batch_size,
             "horizon": script_args.horizon,
-            "window_turns": script_args.window_turns if args.mode == "window" else None,
+            "window_turns": script_args.window_turns if script_args.mode == "window" else None,
             "contract": script_args.contract,
             "wall_seconds": round(wall, 1),
         },
@@ -88,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in report["figures"].items():
         print(f"{key:<{width}}  {value}")
     print(json.dumps(report, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    if bench.json:
+        Path(bench.json).write_text(json.dumps(report, indent=2))
     return 0
 
 

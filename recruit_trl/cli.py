@@ -1,16 +1,21 @@
 """Command line entry point: ``recruit-trl SUBCOMMAND ...``.
 
 Each subcommand is a pair of functions: ``_add_<name>(subparsers)`` declares its arguments and
-``cmd_<name>(args) -> int`` runs it and returns the exit status. To add one (``serve``, ``eval``,
-``bench``, ``golden`` are planned), write the pair and list the adder in ``_SUBCOMMANDS``. Heavy
-imports stay inside ``cmd_*`` so that ``recruit-trl --help`` stays fast.
+``cmd_<name>(args) -> int`` runs it and returns the exit status. To add one, write the pair and list the
+adder in ``_SUBCOMMANDS``. Heavy imports stay inside ``cmd_*`` so that ``recruit-trl --help`` stays fast.
+
+Environment packages add their own subcommands (e.g. the clinical environment's ``golden``, ``bench`` and
+``serve``) as entry points of the ``recruit_trl.commands`` group: ``NAME = "package.module:main"``, where
+``main(argv) -> int | None`` parses every argument after ``NAME`` itself (``--help`` included).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 from recruit_trl import __version__
 
@@ -34,15 +39,16 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 def _add_tasks(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("tasks", help="list the environment's tasks")
+    p.add_argument("--env", default="clinical", help="environment interface (name or module:attribute)")
     p.add_argument(
         "--all",
         action="store_true",
-        help="also list the progressive *_stage_{30,90,180} variants",
+        help="also list the environment's task variants beyond its default tasks",
     )
     p.set_defaults(func=cmd_tasks)
 
 
-def _format_money(value: float) -> str:
+def _format_number(value: float) -> str:
     return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
 
 
@@ -62,22 +68,20 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: C
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
-    from env import tasks as env_tasks
+    """Print the interface's task rows (``describe_tasks``): numbers right-aligned with thousands separators."""
+    from recruit_trl.protocol import describe_tasks, get_env_interface
 
-    registry = env_tasks.ALL_TASKS if args.all else env_tasks.TASKS
-    headers = ("id", "name", "difficulty", "budget", "target", "max_steps")
+    described = describe_tasks(get_env_interface(args.env), args.all)
+    headers = list(dict.fromkeys(key for row in described for key in row))
+
+    def is_number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+
+    right = {i for i, key in enumerate(headers) if all(is_number(row.get(key)) for row in described)}
     rows = [
-        (
-            spec.task_id,
-            spec.name,
-            f"{spec.difficulty} ({spec.difficulty_label})",
-            _format_money(spec.budget),
-            str(spec.target),
-            str(spec.max_steps),
-        )
-        for spec in registry.values()
+        [_format_number(v) if is_number(v := row.get(key, "")) else str(v) for key in headers] for row in described
     ]
-    print(format_table(headers, rows, right={3, 4, 5}))
+    print(format_table(headers, rows, right=right))
     return 0
 
 
@@ -88,11 +92,14 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 def _add_eval(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("eval", help="evaluate policies over full episodes (table, --json, --plot)")
     p.add_argument(
-        "--policy", action="append", required=True, help="random | heuristic | expert | model:PATH; repeatable"
+        "--policy",
+        action="append",
+        required=True,
+        help="a policy of the environment (e.g. random, heuristic, expert) or model:PATH; repeatable",
     )
-    p.add_argument("--task", action="append", help="task id; repeatable (default: the three public tasks)")
+    p.add_argument("--task", action="append", help="task id; repeatable (default: the environment's tasks)")
     p.add_argument("--seeds", default="0-19", help="reset seeds, e.g. 0-19 or 0-99:10 (default 0-19)")
-    p.add_argument("--env", default="env.agent:CLINICAL", help="environment interface (name or module:attribute)")
+    p.add_argument("--env", default="clinical", help="environment interface (name or module:attribute)")
     p.add_argument("--env-url", help="evaluate against an environment server instead of in-process")
     p.add_argument("--transport", default="http", choices=("http", "ws"), help="transport with --env-url")
     p.add_argument("--contract", default="index", choices=("index", "json"), help="action contract of model policies")
@@ -115,11 +122,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import json
 
     from recruit_trl.evaluate import EvalConfig, evaluate, format_table, plot_results
+    from recruit_trl.protocol import get_env_interface
     from recruit_trl.training import parse_int_ranges
 
     config = EvalConfig(
         env=args.env,
-        tasks=tuple(args.task or ("easy_bench", "medium_bench", "hard_bench")),
+        tasks=tuple(args.task or ()),
         seeds=tuple(parse_int_ranges(args.seeds)),
         contract=args.contract,
         recent_k=args.recent_k,
@@ -140,47 +148,35 @@ def cmd_eval(args: argparse.Namespace) -> int:
             json.dump(report, fh, indent=2)
         print(f"wrote {args.json}")
     if args.plot:
-        print(f"wrote {plot_results(report['results'], args.plot)}")
+        references = getattr(get_env_interface(args.env), "reference_scores", None)
+        print(f"wrote {plot_results(report['results'], args.plot, references=references)}")
     return 0
 
 
 # --------------------------------------------------------------------------------------------------
-# golden, bench: thin wrappers around the environment's own module CLIs (their --help is the reference)
+# environment commands: entry points of the recruit_trl.commands group (their own --help is the reference)
+
+COMMAND_GROUP = "recruit_trl.commands"
 
 
-def _delegating(name: str, module: str, help_text: str) -> Callable[[argparse._SubParsersAction], None]:
-    def add(subparsers: argparse._SubParsersAction) -> None:
-        p = subparsers.add_parser(name, help=help_text, add_help=False)
-        p.add_argument("args", nargs=argparse.REMAINDER, help=f"arguments of python -m {module}")
-        p.set_defaults(func=lambda args: _run_module_main(module, args.args))
-
-    return add
+def environment_commands() -> dict[str, importlib.metadata.EntryPoint]:
+    """The installed environments' subcommands by name (built-in subcommands keep their names)."""
+    builtin = {add.__name__.removeprefix("_add_") for add in _SUBCOMMANDS}
+    entry_points = importlib.metadata.entry_points(group=COMMAND_GROUP)
+    return {ep.name: ep for ep in entry_points if ep.name not in builtin}
 
 
-def _run_module_main(module: str, argv: list[str]) -> int:
-    import importlib
-
-    return int(importlib.import_module(module).main(argv) or 0)
-
-
-_DELEGATED = {"golden": "env.golden", "bench": "env.bench", "serve": "env.server"}
-_add_golden = _delegating("golden", "env.golden", "replay golden-format episode files (python -m env.golden)")
-_add_bench = _delegating("bench", "env.bench", "environment throughput benchmark (python -m env.bench)")
-_add_serve = _delegating("serve", "env.server", "HTTP + WebSocket environment server (python -m env.server)")
+def _add_environment_command(subparsers: argparse._SubParsersAction, ep: importlib.metadata.EntryPoint) -> None:
+    # Listed for --help only: main() hands the command's arguments to the entry point before parsing.
+    module = ep.value.partition(":")[0]
+    subparsers.add_parser(ep.name, help=f"{module} (see recruit-trl {ep.name} --help)", add_help=False)
 
 
 # --------------------------------------------------------------------------------------------------
 # parser
 
 
-_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _add_tasks,
-    _add_eval,
-    _add_golden,
-    _add_bench,
-    _add_serve,
-    _add_version,
-)
+_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_tasks, _add_eval, _add_version)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -192,13 +188,16 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in _SUBCOMMANDS:
         add(subparsers)
+    for ep in environment_commands().values():
+        _add_environment_command(subparsers, ep)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in _DELEGATED:  # hand every remaining argument (even --help) to the module's CLI
-        return _run_module_main(_DELEGATED[argv[0]], argv[1:])
+    commands = environment_commands()
+    if argv and argv[0] in commands:  # hand every remaining argument (even --help) to the environment's command
+        return int(commands[argv[0]].load()(argv[1:]) or 0)
     parser = build_parser()
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

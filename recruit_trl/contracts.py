@@ -4,8 +4,9 @@ Two contracts:
 
 * ``index`` (default): the prompt lists the legal candidate actions with full arguments, numbered from 0,
   and the model answers ``{"action_index": k}``. Cheap (a handful of tokens) and always legal once parsed.
-* ``json``: the model writes the environment's own action object (e.g. the reference's
-  ``{"action_type": "screen_patient", "patient_id": "P-1149", ...}``), validated by the environment.
+* ``json``: the model writes the environment's own action object (e.g. the clinical environment's
+  ``{"action_type": "screen_patient", "patient_id": "P-1149", ...}``), validated by the environment; the
+  interface's ``json_instructions`` say which fields it has.
 
 Parsing is strict: after stripping surrounding whitespace the text must be exactly one JSON object (no
 prose, no second object, no duplicate keys) that passes the schema (index: only the key ``action_index``
@@ -23,15 +24,13 @@ from typing import Any
 from recruit_trl.protocol import Action, EnvInterface, Observation
 
 CONTRACTS = ("index", "json")
-# Generation budgets per contract: {"action_index": 27} is 7-8 tokens with a small BPE tokenizer.
+# Generation limits per contract: {"action_index": 27} is 7-8 tokens with a small BPE tokenizer.
 MAX_NEW_TOKENS = {"index": 12, "json": 96}
 
 LISTING_HEADER = "Actions:\n"  # opens the numbered candidate list (rendered, and parsed back by drop_listed_candidate)
 INDEX_INSTRUCTIONS = 'Reply with one JSON object {"action_index": N} choosing an action from the list.'
-JSON_INSTRUCTIONS = (
-    "Answer with exactly one JSON object: the action, with its action_type and arguments (patient_id, site_id, "
-    "strategy_change, target_phase, memory_key, memory_query, hypothesis, confidence)."
-)
+# The json contract's answer format when the interface names no fields of its own (its ``json_instructions``).
+DEFAULT_JSON_INSTRUCTIONS = "Answer with exactly one JSON object: the action."
 
 
 @dataclass(frozen=True)
@@ -183,7 +182,10 @@ def build_messages(
     """The chat prompt for one decision: system prompt (+ answer format), then state (+ numbered candidates)."""
     if contract not in CONTRACTS:
         raise ValueError(f"Unknown action contract {contract!r}; expected one of {CONTRACTS}")
-    instructions = INDEX_INSTRUCTIONS if contract == "index" else JSON_INSTRUCTIONS
+    if contract == "index":
+        instructions = INDEX_INSTRUCTIONS
+    else:
+        instructions = getattr(interface, "json_instructions", DEFAULT_JSON_INSTRUCTIONS)
     user = interface.render(obs, recent)
     if contract == "index":
         candidates = interface.candidate_actions(obs) if candidates is None else candidates

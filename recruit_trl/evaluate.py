@@ -8,13 +8,15 @@ Policies:
       config). Model policies run all episodes in lock-step with batched generation, through the same
       prompt rendering, action contract, strict parser and safe fallback as the RL rollouts.
 
-Metrics per (policy, task): final score mean and sample sd, enrolled (at the end, after the days of
-:data:`ENROLLED_AT_DAYS`, at its peak, and the mean curve over the days), budget left, episode length,
-strict-JSON rate (model output is exactly one JSON object), valid-action rate (the decision parsed under
-the contract and the environment reported no error), fallback rate, teacher match (the fraction of decisions
-equal to a named teacher policy's on the same observation) and the action-type distribution.
+Metrics per (policy, task): final score mean and sample sd, episode length, strict-JSON rate (model output is
+exactly one JSON object), valid-action rate (the decision parsed under the contract and the environment reported no
+error), fallback rate, teacher match (the fraction of decisions equal to a named teacher policy's on the same
+observation), the action-type distribution, and the interface's episode metrics: for each, ``<name>_mean`` (its
+value at the episode's end), and for its ``curve_metrics`` also ``<name>_at_mean`` (after the days of
+``metric_days``), ``<name>_peak_mean`` and ``<name>_by_day_mean`` (the mean curve over the days); e.g. the clinical
+environment's ``enrolled_*`` and ``budget_left_mean``.
 
-Episodes run in-process, or against an environment server (``env_url``) through ``env.client.RemoteEnv``.
+Episodes run in-process, or against an environment server (``env_url``) through the interface's ``remote_env``.
 
 Per-decision trace (``recruit-trl eval --trace FILE``): one JSON line per decision with the policy, task, seed,
 day, the action played and the teacher's action (both as the prompt describes them), whether they match, whether
@@ -31,8 +33,8 @@ import random
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +48,23 @@ from recruit_trl.contracts import (
     parse_action,
     parse_json_object,
 )
-from recruit_trl.protocol import EnvInterface, get_env_interface, policy_action
+from recruit_trl.protocol import EnvInterface, episode_metrics, get_env_interface, policy_action, remote_env
 from recruit_trl.traces import match_candidate, same_action, trace_row
 
-# Published reference figures (shared/spec/reference-results.md): best reference policy per task, and its LLMs.
-REFERENCE_BEST = {"easy_bench": 0.607, "medium_bench": 0.533, "hard_bench": 0.560}
-# The reference's published LLM agents enrolled 3-5 patients per rollout, in rollouts of 15 steps (debug episodes)
-# and of about 30 tool calls (the 180-day horizon never reached): enrolment after as many days compares with them.
-REFERENCE_LLM_ENROLLED = (3, 5)
-ENROLLED_AT_DAYS = (15, 30)
 # Bumped when the result rows gain fields, so that cached evaluations without them are redone.
 EVAL_SCHEMA = 3
+# Row fields named like an episode metric's mean (``<name>_mean``) that are not one; and what a curve metric adds.
+FIXED_MEANS = ("final_score_mean", "episode_length_mean", "score_terms_mean")
+CURVE_SUFFIXES = ("_at_mean", "_peak_mean", "_by_day_mean")
 
 
 @dataclass
 class EvalConfig:
-    env: str = "env.agent:CLINICAL"
-    tasks: Sequence[str] = ("easy_bench", "medium_bench", "hard_bench")
+    """What :func:`evaluate` runs: the environment (``env``, a name for ``get_env_interface``), its tasks (empty: the
+    interface's ``tasks()``), reset seeds, the action contract and decoding of model policies, and more."""
+
+    env: str = "clinical"
+    tasks: Sequence[str] = ()
     seeds: Sequence[int] = tuple(range(20))
     contract: str = "index"
     recent_k: int = 2
@@ -75,6 +77,8 @@ class EvalConfig:
     policy_seed: int = 0
     max_new_tokens: int | None = None
     constrained: bool = False  # models answer only with a listed candidate (recruit_trl.generation, allowed=)
+    # How models are loaded (recruit_trl.models.loading_config: dtype, attention, 4-bit), as in training.
+    model_loading: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -82,8 +86,6 @@ class EpisodeLog:
     task: str
     seed: int
     final_score: float | None = None
-    enrolled: int = 0
-    budget_left: float = 0.0
     length: int = 0
     decisions: int = 0
     strict_json: int = 0
@@ -93,7 +95,7 @@ class EpisodeLog:
     teacher_checked: int = 0
     action_types: Counter = field(default_factory=Counter)
     score_terms: dict[str, float] | None = None
-    enrolled_by_day: list[int] = field(default_factory=list)  # enrolled after each decision
+    metrics: dict[str, list[float]] = field(default_factory=dict)  # each episode metric after every decision
     own_valid: int = 0  # decisions where the model's own answer was legal (free: it parsed; constrained: unchanged)
     own_checked: int = 0
 
@@ -104,8 +106,8 @@ class Evaluator:
     def __init__(self, config: EvalConfig, interface: EnvInterface | None = None) -> None:
         if config.contract not in CONTRACTS:
             raise ValueError(f"contract must be one of {CONTRACTS}")
-        self.config = config
         self.interface = interface or get_env_interface(config.env)
+        self.config = with_tasks(config, self.interface)
         self.teacher = self.interface.get_policy(config.teacher) if config.teacher else None
         # When a list (and a teacher is set), model runs append one trace row per decision: the state the model
         # reached, labelled with the teacher's action (DAgger data; see recruit_trl.sft.dagger_rows).
@@ -120,9 +122,7 @@ class Evaluator:
     # ------------------------------------------------------------------ environments
     def make_env(self, task: str):
         if self.config.env_url:
-            from env.client import RemoteEnv
-
-            return RemoteEnv(self.config.env_url, task=task, transport=self.config.transport)
+            return remote_env(self.interface, self.config.env_url, task, self.config.transport)
         return self.interface.make_env(task)
 
     def _teacher_action(self, env, obs, rng: random.Random) -> dict | None:
@@ -157,7 +157,7 @@ class Evaluator:
         return logs
 
     def run_model(self, path: str, progress: Callable[[int], None] | None = None) -> list[EpisodeLog]:
-        model, tokenizer = load_policy_model(path)
+        model, tokenizer = load_policy_model(path, self.config.model_loading)
         from transformers import GenerationConfig
 
         from recruit_trl.generation import answer_token_ids, encode_prompt, sample
@@ -288,7 +288,8 @@ class Evaluator:
             self.trace.append(record)
         log.length += 1
         log.decisions += 1
-        log.enrolled_by_day.append(obs.get("enrolled_so_far", 0))
+        for name, value in episode_metrics(self.interface, obs, info).items():
+            log.metrics.setdefault(name, []).append(value)
         log.action_types[self.interface.action_type(action)] += 1
         if parsed_json is not None:
             log.strict_json += int(parsed_json)
@@ -302,12 +303,35 @@ class Evaluator:
         log.final_score = self.interface.final_score(info)
         score_terms = getattr(self.interface, "score_terms", None)
         log.score_terms = score_terms(env) if score_terms is not None else None
-        log.enrolled = obs.get("enrolled_so_far", 0)
-        log.budget_left = obs.get("budget_remaining", 0.0)
 
 
-def aggregate(policy: str, logs: Sequence[EpisodeLog], is_model: bool) -> list[dict[str, Any]]:
-    """One result row per task (the JSON schema of ``recruit-trl eval --json``)."""
+def with_tasks(config: EvalConfig, interface: EnvInterface | None = None) -> EvalConfig:
+    """``config`` with its tasks filled in: the interface's ``tasks()`` when it names none."""
+    if config.tasks:
+        return config
+    return replace(config, tasks=tuple((interface or get_env_interface(config.env)).tasks()))
+
+
+def aggregate(
+    policy: str,
+    logs: Sequence[EpisodeLog],
+    is_model: bool,
+    curve_metrics: Sequence[str] = (),
+    metric_days: Sequence[int] = (),
+) -> list[dict[str, Any]]:
+    """One result row per task (the JSON schema of ``recruit-trl eval --json``).
+
+    Args:
+        policy: the policy's name in the rows.
+        logs: its episodes.
+        is_model: whether it is a model (strict-JSON and fallback rates apply).
+        curve_metrics: episode metrics whose course is reported too (``<name>_at_mean``, ``_peak_mean``,
+            ``_by_day_mean``); see the module docstring.
+        metric_days: the days of ``<name>_at_mean``.
+
+    Raises:
+        ValueError: when an episode metric's field would overwrite another field of the row.
+    """
     rows = []
     for task in dict.fromkeys(log.task for log in logs):
         group = [log for log in logs if log.task == task]
@@ -318,48 +342,81 @@ def aggregate(policy: str, logs: Sequence[EpisodeLog], is_model: bool) -> list[d
             types.update(log.action_types)
         checked = sum(log.teacher_checked for log in group)
         terms = [log.score_terms for log in group]
-        rows.append(
-            {
-                "policy": policy,
-                "task": task,
-                "episodes": len(group),
-                "final_score_mean": round(statistics.mean(scores), 4) if scores else None,
-                "final_score_sd": round(statistics.stdev(scores), 4) if len(scores) > 1 else 0.0,
-                "enrolled_mean": round(statistics.mean(log.enrolled for log in group), 2),
-                "enrolled_at_mean": {
-                    str(d): round(statistics.mean(_enrolled_at(log, d) for log in group), 2) for d in ENROLLED_AT_DAYS
-                },
-                "enrolled_peak_mean": round(statistics.mean(max(log.enrolled_by_day, default=0) for log in group), 2),
-                "enrolled_by_day_mean": _mean_curve([log.enrolled_by_day for log in group]),
-                "budget_left_mean": round(statistics.mean(log.budget_left for log in group), 2),
-                "episode_length_mean": round(statistics.mean(log.length for log in group), 2),
-                "strict_json_rate": round(sum(log.strict_json for log in group) / decisions, 4) if is_model else None,
-                "valid_action_rate": round(sum(log.valid for log in group) / max(1, decisions), 4),
-                "fallback_rate": round(sum(log.fallback for log in group) / decisions, 4) if is_model else None,
-                "teacher_match": round(sum(log.teacher_match for log in group) / checked, 4) if checked else None,
-                # The model's own answers that were legal: free decoding, those that parsed; greedy constrained
-                # decoding, those the constraint did not change (None for sampled constrained runs and policies).
-                "own_answer_valid_rate": (
-                    round(sum(log.own_valid for log in group) / own, 4)
-                    if (own := sum(log.own_checked for log in group))
-                    else None
-                ),
-                "action_types": {k: round(v / max(1, decisions), 4) for k, v in sorted(types.items())},
-                # Where the points come from: mean of each weighted part of the grade (when the interface says).
-                "score_terms_mean": (
-                    {k: round(statistics.mean(t[k] for t in terms), 4) for k in terms[0]}
-                    if terms and all(terms)
-                    else None
-                ),
-            }
-        )
+        head = {
+            "policy": policy,
+            "task": task,
+            "episodes": len(group),
+            "final_score_mean": round(statistics.mean(scores), 4) if scores else None,
+            "final_score_sd": round(statistics.stdev(scores), 4) if len(scores) > 1 else 0.0,
+        }
+        tail = {
+            "episode_length_mean": round(statistics.mean(log.length for log in group), 2),
+            "strict_json_rate": round(sum(log.strict_json for log in group) / decisions, 4) if is_model else None,
+            "valid_action_rate": round(sum(log.valid for log in group) / max(1, decisions), 4),
+            "fallback_rate": round(sum(log.fallback for log in group) / decisions, 4) if is_model else None,
+            "teacher_match": round(sum(log.teacher_match for log in group) / checked, 4) if checked else None,
+            # The model's own answers that were legal: free decoding, those that parsed; greedy constrained
+            # decoding, those the constraint did not change (None for sampled constrained runs and policies).
+            "own_answer_valid_rate": (
+                round(sum(log.own_valid for log in group) / own, 4)
+                if (own := sum(log.own_checked for log in group))
+                else None
+            ),
+            "action_types": {k: round(v / max(1, decisions), 4) for k, v in sorted(types.items())},
+            # Where the points come from: mean of each weighted part of the grade (when the interface says).
+            "score_terms_mean": (
+                {k: round(statistics.mean(t[k] for t in terms), 4) for k in terms[0]} if terms and all(terms) else None
+            ),
+        }
+        metrics = _metric_fields(group, curve_metrics, metric_days)
+        clash = sorted(set(metrics) & (set(head) | set(tail)))
+        if clash:
+            raise ValueError(f"episode metrics {clash} would overwrite result fields of the same name: rename them")
+        rows.append({**head, **metrics, **tail})
     return rows
 
 
-def _enrolled_at(log: EpisodeLog, day: int) -> int:
-    """Enrolled after ``day >= 1`` decisions (an episode that ended sooner keeps its last count)."""
-    days = log.enrolled_by_day
-    return days[min(day, len(days)) - 1] if days else 0
+def _metric_fields(
+    group: Sequence[EpisodeLog], curve_metrics: Sequence[str], metric_days: Sequence[int]
+) -> dict[str, Any]:
+    """The episode metrics' fields of one result row (``group``: the episodes of one task), in the metrics' order.
+
+    Raises:
+        ValueError: when two metrics make the same field (e.g. ``x_peak`` next to the curve metric ``x``).
+    """
+    out: dict[str, Any] = {}
+
+    def put(key: str, value: Any) -> None:
+        if key in out:
+            raise ValueError(f"two episode metrics make the result field {key!r}: rename one")
+        out[key] = value
+
+    for name in group[0].metrics:
+        series = [log.metrics[name] for log in group]
+        put(f"{name}_mean", round(statistics.mean(s[-1] for s in series), 2))
+        if name in curve_metrics:
+            if metric_days:
+                at = {str(d): round(statistics.mean(_value_at(s, d) for s in series), 2) for d in metric_days}
+                put(f"{name}_at_mean", at)
+            put(f"{name}_peak_mean", round(statistics.mean(max(s) for s in series), 2))
+            put(f"{name}_by_day_mean", _mean_curve(series))
+    return out
+
+
+def _value_at(series: Sequence[float], day: int) -> float:
+    """The value after ``day >= 1`` decisions (an episode that ended sooner keeps its last value)."""
+    return series[min(day, len(series)) - 1]
+
+
+def metric_names(row: Mapping[str, Any]) -> list[str]:
+    """The episode metrics of a result row (its other ``<name>_mean`` fields), in the row's order."""
+    derived = {f"{name}{suffix}" for name in curve_names(row) for suffix in CURVE_SUFFIXES}
+    return [k[: -len("_mean")] for k in row if k.endswith("_mean") and k not in FIXED_MEANS and k not in derived]
+
+
+def curve_names(row: Mapping[str, Any]) -> list[str]:
+    """The curve metrics of a result row (those with a ``<name>_by_day_mean`` curve), in the row's order."""
+    return [k[: -len("_by_day_mean")] for k in row if k.endswith("_by_day_mean")]
 
 
 def _mean_curve(curves: Sequence[Sequence[int]]) -> list[float]:
@@ -387,6 +444,11 @@ def evaluate(
         trace_path: write the per-decision trace (JSON lines, ``policy`` added to each record) here.
     """
     evaluator = Evaluator(config)
+    config, interface = evaluator.config, evaluator.interface
+    curves = {
+        "curve_metrics": getattr(interface, "curve_metrics", ()),
+        "metric_days": getattr(interface, "metric_days", ()),
+    }
     trace: list[dict[str, Any]] = []
     results = []
     total = len(policies) * len(config.tasks) * len(config.seeds)
@@ -402,7 +464,7 @@ def evaluate(
         evaluator.trace = [] if trace_path is not None else None
         logs = evaluator.run_policy(name, progress=bar.update if bar else None)
         timings[label] = round((time.perf_counter() - start) / max(1, len(logs)), 3)
-        results.extend(aggregate(label, logs, name.startswith("model:")))
+        results.extend(aggregate(label, logs, name.startswith("model:"), **curves))
         trace += [{"policy": label, **record} for record in evaluator.trace or ()]
     if bar:
         bar.close()
@@ -425,12 +487,13 @@ def cached_evaluation(config: EvalConfig, path: str | Path) -> dict[str, Any] | 
 
 def _cache_key(config: EvalConfig) -> dict[str, Any]:
     return {
-        "tasks": list(config.tasks),
+        "tasks": list(with_tasks(config).tasks),
         "seeds": list(config.seeds),
         "contract": config.contract,
         "temperature": config.temperature,
         "top_p": config.top_p,
         "constrained": config.constrained,
+        "model_loading": config.model_loading,
         "schema": EVAL_SCHEMA,
     }
 
@@ -471,54 +534,51 @@ def versions() -> dict[str, str]:
     return out
 
 
-def load_policy_model(path: str):
-    """A causal LM (or a LoRA adapter on its base model) and its tokenizer, in eval mode, from a local folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_policy_model(path: str, loading: dict | None = None):
+    """A causal LM (or a LoRA adapter on its base model) and its tokenizer, in eval mode, from a local folder, loaded
+    as ``loading`` says (:func:`recruit_trl.models.loading_config`: dtype, attention, 4-bit)."""
+    from recruit_trl.models import load_for_inference
 
-    from recruit_trl.models import ADAPTER_CONFIG, is_adapter
-
-    folder = Path(path)
-    if is_adapter(folder):
-        from peft import PeftModel
-
-        base_path = json.loads((folder / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
-        base = AutoModelForCausalLM.from_pretrained(base_path)
-        model = PeftModel.from_pretrained(base, str(folder))
-        tokenizer_source = str(folder) if (folder / "tokenizer_config.json").is_file() else base_path
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(folder))
-        tokenizer_source = str(folder)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source, padding_side="left")
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model.eval()
-    return model, tokenizer
+    return load_for_inference(path, loading)
 
 
 def format_table(results: Sequence[dict[str, Any]]) -> str:
+    """The results as a plain-text table, with a column for each episode metric the rows carry."""
+    metrics = list(dict.fromkeys(name for r in results for name in metric_names(r)))
+    widths = {name: max(10, len(name) + 2) for name in metrics}
+    columns = "".join(f"{name:>{widths[name]}}" for name in metrics)
     header = (
-        f"{'policy':<22}{'task':<22}{'score':>16}{'enrolled':>10}{'budget':>10}{'len':>6}"
-        f"{'json':>7}{'valid':>7}{'fallbk':>7}{'teach':>7}  top action"
+        f"{'policy':<22}{'task':<22}{'score':>16}{columns}{'len':>6}{'json':>7}{'valid':>7}{'fallbk':>7}{'teach':>7}"
+        "  top action"
     )
     lines = [header, "-" * len(header)]
 
     def pct(x, digits=0):
         return "-" if x is None else f"{100 * x:.{digits}f}%"
 
+    def number(x):  # tenths for small numbers (counts), whole units for large ones (e.g. money)
+        return "-" if x is None else f"{x:.1f}" if abs(x) < 1000 else f"{x:.0f}"
+
     for r in results:
         top = max(r["action_types"], key=r["action_types"].get) if r["action_types"] else "-"
         score = "-" if r["final_score_mean"] is None else f"{r['final_score_mean']:.3f} ± {r['final_score_sd']:.3f}"
+        values = "".join(f"{number(r.get(f'{name}_mean')):>{widths[name]}}" for name in metrics)
         lines.append(
-            f"{r['policy'][:21]:<22}{r['task']:<22}{score:>16}{r['enrolled_mean']:>10.1f}"
-            f"{r['budget_left_mean']:>10.0f}{r['episode_length_mean']:>6.0f}{pct(r['strict_json_rate']):>7}"
-            f"{pct(r['valid_action_rate'], 1):>7}{pct(r['fallback_rate']):>7}{pct(r['teacher_match']):>7}  "
-            f"{top} {pct(r['action_types'].get(top))}"
+            f"{r['policy'][:21]:<22}{r['task']:<22}{score:>16}{values}{r['episode_length_mean']:>6.0f}"
+            f"{pct(r['strict_json_rate']):>7}{pct(r['valid_action_rate'], 1):>7}{pct(r['fallback_rate']):>7}"
+            f"{pct(r['teacher_match']):>7}  {top} {pct(r['action_types'].get(top))}"
         )
     return "\n".join(lines)
 
 
-def plot_results(results: Sequence[dict[str, Any]], path: str | Path, title: str = "Final score by policy") -> Path:
-    """Grouped bars of the mean final score (± sd) per task and policy, with the best reference policy marked."""
+def plot_results(
+    results: Sequence[dict[str, Any]],
+    path: str | Path,
+    title: str = "Final score by policy",
+    references: Mapping[str, float] | None = None,
+) -> Path:
+    """Grouped bars of the mean final score (± sd) per task and policy, with the tasks' ``references`` (e.g. the
+    interface's ``reference_scores``) marked as dashed lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -527,8 +587,10 @@ def plot_results(results: Sequence[dict[str, Any]], path: str | Path, title: str
     tasks = list(dict.fromkeys(r["task"] for r in results))
     policies = list(dict.fromkeys(r["policy"] for r in results))
     width = 0.8 / max(1, len(policies))
-    legend_cols = min(5, len(policies) + 1)  # the policies and the reference line
-    legend_rows = -(-(len(policies) + 1) // legend_cols)
+    references = {task: score for task, score in (references or {}).items() if task in tasks}
+    entries = len(policies) + bool(references)  # the policies and the reference line
+    legend_cols = min(5, entries)
+    legend_rows = -(-entries // legend_cols)
     fig, ax = plt.subplots(figsize=(1.8 + 2.2 * len(tasks), 4.2 + 0.25 * legend_rows))
     for k, policy in enumerate(policies):
         xs, ys, errs = [], [], []
@@ -540,9 +602,10 @@ def plot_results(results: Sequence[dict[str, Any]], path: str | Path, title: str
                 errs.append(row["final_score_sd"])
         ax.bar(xs, ys, width, yerr=errs, capsize=2, label=policy)
     for t, task in enumerate(tasks):
-        if task in REFERENCE_BEST:
-            ax.hlines(REFERENCE_BEST[task], t - 0.45, t + 0.45, colors="black", linestyles="dashed")
-    ax.plot([], [], "k--", label="best reference policy")
+        if task in references:
+            ax.hlines(references[task], t - 0.45, t + 0.45, colors="black", linestyles="dashed")
+    if references:
+        ax.plot([], [], "k--", label="best reference policy")
     ax.set_xticks(range(len(tasks)), tasks)
     ax.set_ylabel("final grader score")
     ax.set_ylim(0, 1)

@@ -71,6 +71,9 @@ __all__ = [
     "is_complete",
     "length_bucketed_batches",
     "load_smollm2",
+    "keep_4bit_layers_trainable",
+    "model_kind",
+    "model_summary",
     "render_row",
     "resolve_model",
 ]
@@ -364,7 +367,7 @@ def build_tiny_model(
         },
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    _write_json(output_dir / METADATA_FILE, meta)
+    write_json_atomic(output_dir / METADATA_FILE, meta)
     return output_dir
 
 
@@ -515,8 +518,11 @@ def is_complete(folder: str | Path) -> bool:
     return (folder / METADATA_FILE).is_file() and (folder / "config.json").is_file()
 
 
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+def write_json_atomic(path: str | Path, data: dict) -> None:
+    """Write ``data`` as JSON to a temp file beside ``path``, then rename it into place (no torn file on a kill)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     os.replace(tmp, path)
 
@@ -593,7 +599,7 @@ def ensure_tiny_model(
         build_tiny_model(tmp, corpus, **build_kwargs)
         meta = json.loads((tmp / METADATA_FILE).read_text())
         meta.update({"name": name, "version_key": version_key})
-        _write_json(tmp / METADATA_FILE, meta)
+        write_json_atomic(tmp / METADATA_FILE, meta)
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     return _cached_build(folder, build)
@@ -652,7 +658,7 @@ def load_smollm2(cache_dir: str | Path | None = None) -> Path:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        _write_json(
+        write_json_atomic(
             tmp / METADATA_FILE,
             {
                 "format": "recruit_trl_model",
@@ -703,11 +709,117 @@ def is_adapter(folder: str | Path) -> bool:
     return Path(folder, ADAPTER_CONFIG).is_file()
 
 
+def model_kind(folder: str | Path) -> str | None:
+    """``"tiny"`` for a model built here from scratch, ``"smollm2"`` for the unpacked SmolLM2, ``None`` for any other
+    folder or hub id (read from the metadata file recruit_trl writes next to the models it builds)."""
+    meta = Path(folder, METADATA_FILE)
+    if not meta.is_file():
+        return None
+    try:
+        return json.loads(meta.read_text()).get("kind")
+    except (OSError, ValueError):
+        return None
+
+
+def keep_4bit_layers_trainable(model) -> int:
+    """Stop bitsandbytes from repacking 4-bit weights for its CPU inference kernel; returns the layers changed.
+
+    On a CPU with AVX-512 BF16, bitsandbytes 0.50 repacks a ``Linear4bit`` weight, once and for good, the first
+    time the layer runs in eval mode without gradients (as every rollout's generation does). The repacked kernel has
+    no backward, so later training steps silently lose the gradient through the frozen 4-bit layers: LoRA gradients
+    were off by up to 60-85 % after one eval forward (tests/test_models.py measures it). GPUs are not affected.
+    """
+    changed = 0
+    for module in model.modules():
+        if type(module).__name__ == "Linear4bit" and getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
+            changed += 1
+    return changed
+
+
+def model_summary(model) -> dict[str, Any]:
+    """What a trainer holds: ``trained`` (``"adapter"`` for a PEFT model, else ``"full"``), parameter counts and the
+    number of bitsandbytes-quantised linear layers (``quantized_layers``: > 0 shows a QLoRA run really was 4-bit)."""
+    params = list(model.parameters())
+    return {
+        "trained": "adapter" if hasattr(model, "peft_config") else "full",
+        "parameters": sum(p.numel() for p in params),
+        "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
+        "quantized_layers": sum(type(m).__name__ in ("Linear4bit", "Linear8bitLt") for m in model.modules()),
+    }
+
+
 def is_trained(folder: str | Path) -> bool:
     """Whether ``folder`` holds a saved LoRA adapter or a full model (one file, or shards with their index)."""
     return is_adapter(folder) or any(
         Path(folder, name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")
     )
+
+
+#: ``ModelConfig`` fields that decide how a model is loaded; :func:`loading_config` keeps them as plain JSON so that
+#: evaluation configs (and their cache keys) carry them.
+LOADING_FIELDS = (
+    "dtype",
+    "attn_implementation",
+    "load_in_4bit",
+    "load_in_8bit",
+    "bnb_4bit_quant_type",
+    "use_bnb_nested_quant",
+    "bnb_4bit_quant_storage",
+)
+
+
+def loading_config(model_args: Any) -> dict[str, Any]:
+    """The loading settings of a TRL ``ModelConfig`` (dtype, attention, bitsandbytes quantisation) as a JSON dict."""
+    return {name: getattr(model_args, name) for name in LOADING_FIELDS if getattr(model_args, name, None) is not None}
+
+
+def from_pretrained_kwargs(loading: dict[str, Any] | None) -> dict[str, Any]:
+    """``from_pretrained`` keyword arguments for a :func:`loading_config`: the one place where dtype, attention and
+    quantisation become a model, for every stage (warm start, RL, evaluation)."""
+    import torch
+
+    loading = loading or {}
+    kwargs: dict[str, Any] = {}
+    dtype = loading.get("dtype")
+    if dtype is not None:
+        kwargs["dtype"] = dtype if dtype == "auto" else getattr(torch, dtype)
+    if loading.get("attn_implementation"):
+        kwargs["attn_implementation"] = loading["attn_implementation"]
+    if loading.get("load_in_4bit") or loading.get("load_in_8bit"):
+        from trl import ModelConfig, get_quantization_config
+
+        fields = {k: v for k, v in loading.items() if k in LOADING_FIELDS}
+        kwargs["quantization_config"] = get_quantization_config(ModelConfig(**fields))
+        if torch.cuda.is_available():  # bitsandbytes quantises while loading: each process's copy on its own GPU
+            from accelerate import PartialState
+
+            kwargs["device_map"] = {"": PartialState().local_process_index}
+    return kwargs
+
+
+def load_for_inference(path: str | Path, loading: dict[str, Any] | None = None):
+    """A causal LM (or a LoRA adapter on its base model) and its tokenizer, in eval mode, from a local folder, loaded
+    with :func:`from_pretrained_kwargs` (``loading``: a :func:`loading_config`, e.g. 4-bit for a QLoRA run)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(path)
+    kwargs = from_pretrained_kwargs(loading)
+    if is_adapter(folder):
+        from peft import PeftModel
+
+        base_path = json.loads((folder / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
+        base = AutoModelForCausalLM.from_pretrained(base_path, **kwargs)
+        model = PeftModel.from_pretrained(base, str(folder))
+        tokenizer_source = str(folder) if (folder / "tokenizer_config.json").is_file() else base_path
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+        tokenizer_source = str(folder)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source, padding_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.eval()
+    return model, tokenizer
 
 
 def load_trainable(base_path: str, folder: str | Path, init_kwargs: dict | None = None):

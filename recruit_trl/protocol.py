@@ -1,4 +1,4 @@
-"""The small protocol recruit_trl needs from a multi-step environment, and a registry of environments.
+"""The small protocol recruit_trl needs from a multi-step environment, and how environments are found.
 
 recruit_trl never imports a concrete environment. An environment package implements two things:
 
@@ -9,16 +9,18 @@ recruit_trl never imports a concrete environment. An environment package impleme
   an observation, the enumeration of legal candidate actions (the ``index`` action contract), validation
   of a free JSON action (the ``json`` contract), a safe fallback action, a short description of an action
   for digests, the named per-step reward components, and the policies that can play prefixes and
-  continuations.
+  continuations; optionally episode metrics, reference figures, a remote client and task descriptions.
 
-Register an interface with :func:`register_env` (usually at import of the environment's module) and look it
-up by name with :func:`get_env_interface`; a ``"package.module:attribute"`` string is imported on demand,
-so a recipe can name an environment that recruit_trl has never heard of.
+:func:`get_env_interface` finds an interface by name: registered in-process with :func:`register_env`, declared by
+an installed package as an entry point of the ``recruit_trl.envs`` group (``clinical = "env.agent:CLINICAL"`` in
+this project's ``pyproject.toml``), or named ``"package.module:attribute"`` (imported on demand), so a recipe can
+name an environment that recruit_trl has never heard of.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import json
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -76,6 +78,9 @@ class EnvInterface(Protocol):
             sums them over the scored horizon and forwards them to the reward functions under these names.
         terminal_action_types: action types by which the agent ends the episode itself (never explored at
             random when collecting traces).
+
+    The optional members (episode metrics, reference figures, a remote client, ...) are listed at the end of the
+    class, each with the generic default the plugin uses without it.
     """
 
     name: str
@@ -97,7 +102,7 @@ class EnvInterface(Protocol):
 
     def describe_action(self, action: Action, obs: Observation | None = None) -> str:
         """A one-line description for the digest of recent actions; with ``obs``, for the candidate list (it
-        may then add visible facts, e.g. a patient's attributes)."""
+        may then add visible facts, e.g. the clinical environment lists a patient's attributes)."""
         ...
 
     def validate_action(self, payload: Mapping[str, Any], obs: Observation) -> Action:
@@ -132,36 +137,93 @@ class EnvInterface(Protocol):
 
     def get_policy(self, name: str) -> Policy: ...
 
-    # Optional members (looked up with getattr; the plugin has generic defaults):
-    # def action_key(self, action: Action) -> Hashable: what identifies an action when two are compared (default:
-    #     the whole action); e.g. the clinical environment ignores the free-text hypothesis and confidence.
-    # The weighted parts of the finished episode's final grade, for reports.
-    # def score_terms(self, env: MultiStepEnv) -> Mapping[str, float] | None: ...
+    # Optional members, looked up with getattr; the plugin's generic default follows each one:
+    #
+    # def action_key(self, action: Action) -> Hashable: what identifies an action when two are compared (SFT labels,
+    #     teacher match). Default: the whole action. The clinical environment ignores its free-text hypothesis.
+    # def score_terms(self, env: MultiStepEnv) -> Mapping[str, float] | None: the weighted parts of the finished
+    #     episode's final grade, for reports. Default: none.
+    # json_instructions: str: the ``json`` contract's answer format, appended to the system prompt (name the
+    #     action's fields here). Default: ``recruit_trl.contracts.DEFAULT_JSON_INSTRUCTIONS``, "Answer with exactly
+    #     one JSON object: the action."
+    # def episode_metrics(self, obs: Observation, info: Info) -> Mapping[str, float]: numbers read after every step
+    #     (e.g. the clinical {"enrolled": ..., "budget_left": ...}); evaluation rows carry ``<name>_mean``, the mean
+    #     of the value at the episode's end. Default: no metrics.
+    # curve_metrics: tuple[str, ...]: those of the episode metrics whose course over the episode is reported too:
+    #     ``<name>_by_day_mean`` (the mean curve after each decision), ``<name>_peak_mean`` and, for the days of
+    #     ``metric_days``, ``<name>_at_mean`` ({"15": value after 15 decisions, ...}); the report plots them.
+    #     Default: ().
+    # metric_days: tuple[int, ...]: see ``curve_metrics``. Default: ().
+    # reference_scores: Mapping[str, float]: a published reference final score per task, drawn in plots and
+    #     printed in summaries. Default: {}.
+    # reference_band: tuple[str, str, float, float] | None: ``(metric, label, low, high)``, a published reference
+    #     range of a curve metric, shaded on its curve plot up to the last of ``metric_days``. Default: None.
+    # def remote_env(self, url: str, task: str, transport: str) -> MultiStepEnv: a client of an environment server
+    #     (``recruit-trl eval --env-url``). Default: a ValueError (no remote client). See :func:`remote_env`.
+    # def describe_tasks(self, all_tasks: bool) -> list[dict[str, Any]]: one row per task for
+    #     ``recruit-trl tasks`` (the first column its id; ``all_tasks``: also variants outside :meth:`tasks`).
+    #     Default: the ids of :meth:`tasks`. See :func:`describe_tasks`.
 
 
+def episode_metrics(interface: EnvInterface, obs: Observation, info: Info) -> Mapping[str, float]:
+    """The interface's optional ``episode_metrics(obs, info)`` after a step; none by default."""
+    metrics = getattr(interface, "episode_metrics", None)
+    return metrics(obs, info) if metrics is not None else {}
+
+
+def remote_env(interface: EnvInterface, url: str, task: str, transport: str) -> MultiStepEnv:
+    """A client of the environment server at ``url`` from the interface's optional ``remote_env``.
+
+    Raises:
+        ValueError: when the interface has no remote client.
+    """
+    make = getattr(interface, "remote_env", None)
+    if make is None:
+        raise ValueError(f"Environment {interface.name!r} has no remote client (no remote_env): evaluate in-process")
+    return make(url, task, transport)
+
+
+def describe_tasks(interface: EnvInterface, all_tasks: bool = False) -> list[dict[str, Any]]:
+    """The interface's optional ``describe_tasks(all_tasks)`` rows, by default ``{"id": task}`` per task."""
+    describe = getattr(interface, "describe_tasks", None)
+    return describe(all_tasks) if describe is not None else [{"id": task} for task in interface.tasks()]
+
+
+ENTRY_POINT_GROUP = "recruit_trl.envs"
 _REGISTRY: dict[str, EnvInterface | Callable[[], EnvInterface]] = {}
 
 
 def register_env(name: str, interface: EnvInterface | Callable[[], EnvInterface]) -> None:
-    """Make an environment interface (or a zero-argument factory of one) available by name."""
+    """Make an environment interface (or a zero-argument factory of one) available by name in this process."""
     _REGISTRY[name] = interface
 
 
 def get_env_interface(name: str) -> EnvInterface:
-    """Look up a registered interface, or import ``"package.module:attribute"`` (an interface or a factory).
+    """The interface called ``name``: registered with :func:`register_env`, else an installed package's entry point
+    of the ``recruit_trl.envs`` group, else ``"package.module:attribute"`` imported (an interface or a factory).
+
+    Entry points are read from the installed packages' metadata: a package in development needs ``pip install -e .``
+    (again after its entry points change).
 
     Raises:
-        ValueError: when the name is neither registered nor importable.
+        ValueError: when the name is none of these, or its target cannot be loaded.
     """
-    if name not in _REGISTRY and ":" in name:
-        module_name, attr = name.split(":", 1)
-        try:
-            target = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"Cannot import environment interface {name!r}: {exc}") from None
-        _REGISTRY[name] = target
     if name not in _REGISTRY:
-        raise ValueError(f"Unknown environment {name!r}. Registered: {sorted(_REGISTRY)}; or pass 'module:attribute'.")
+        entry_points = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+        if name in entry_points:
+            try:
+                _REGISTRY[name] = entry_points[name].load()
+            except (ImportError, AttributeError) as exc:
+                raise ValueError(f"Cannot load environment {name!r} ({entry_points[name].value}): {exc}") from exc
+        elif ":" in name:
+            module_name, attr = name.split(":", 1)
+            try:
+                _REGISTRY[name] = getattr(importlib.import_module(module_name), attr)
+            except (ImportError, AttributeError) as exc:
+                raise ValueError(f"Cannot import environment interface {name!r}: {exc}") from None
+        else:
+            known = sorted(set(_REGISTRY) | set(entry_points))
+            raise ValueError(f"Unknown environment {name!r}. Known: {known}; or pass 'package.module:attribute'.")
     entry = _REGISTRY[name]
     if callable(entry) and not hasattr(entry, "render"):
         entry = entry()

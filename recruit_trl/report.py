@@ -3,12 +3,17 @@
 Plots (PNG, written next to ``report.json``):
 * ``training_curves.png``: mean reward and invalid-action / fallback rates per optimizer step;
 * ``action_types.png``: the sampled action-type distribution per step (a collapse shows as one band taking over);
-* ``final_scores.png``: held-out final score of every evaluated policy per task, with the best reference policy;
+* ``final_scores.png``: held-out final score of every evaluated policy per task, with the environment's reference
+  scores (its ``reference_scores``);
 * ``score_terms.png``: the weighted parts of each task's grade per policy (when the environment reports them):
   where the points come from and where a policy loses them against another;
-* ``enrolment.png``: mean enrolled over the days of the held-out episodes per policy and task, with the band of the
-  reference's published LLM agents (3-5 enrolled in rollouts of 15-30 steps): when a policy enrols, and what the
-  scheduled dropouts take away again.
+* ``<metric>_by_day.png`` for each curve metric of the environment (its ``curve_metrics``): the metric's mean over
+  the days of the held-out episodes per policy and task, with its ``reference_band`` (e.g. the clinical
+  ``enrolled_by_day.png``: when a policy enrols, and what the scheduled dropouts take away again, against the
+  reference's published LLM agents' 3-5 enrolled in rollouts of 15-30 steps).
+
+The environment's reference figures come from its interface (``write_report(..., interface=...)``); without one the
+report has none.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from recruit_trl.evaluate import ENROLLED_AT_DAYS, REFERENCE_BEST, REFERENCE_LLM_ENROLLED, plot_results
+from recruit_trl.evaluate import curve_names, metric_names, plot_results
+from recruit_trl.protocol import EnvInterface
 
 ACTION_PREFIX = "rollout/action_type/"
 CURVE_KEYS = (
@@ -121,24 +127,35 @@ def plot_score_terms(results: Sequence[dict[str, Any]], path: str | Path) -> Pat
     return _save(fig, plt, path)
 
 
-def plot_enrolment(results: Sequence[dict[str, Any]], path: str | Path) -> Path | None:
-    """One panel per task: mean enrolled after each day per policy; ``None`` when no row has the curve."""
-    rows = [r for r in results if r.get("enrolled_by_day_mean")]
+def plot_curve(
+    results: Sequence[dict[str, Any]],
+    metric: str,
+    path: str | Path,
+    band: tuple[str, str, float, float] | None = None,
+) -> Path | None:
+    """One panel per task: the curve metric's mean after each day per policy (``<metric>_by_day_mean``), and the
+    ``band`` ``(metric, label, low, high)`` shaded up to the last day of ``<metric>_at_mean`` when it is this
+    metric's; ``None`` when no row has the curve."""
+    rows = [r for r in results if r.get(f"{metric}_by_day_mean")]
     if not rows:
         return None
     plt, tasks, fig, axes = _task_panels(rows, 3.9)
-    low, high = REFERENCE_LLM_ENROLLED
+    # The band covers the days it was published for (the last of metric_days), else the whole episode.
+    days = [int(d) for r in rows for d in r.get(f"{metric}_at_mean") or ()]
+    extent = max(days, default=max(len(r[f"{metric}_by_day_mean"]) for r in rows))
     for ax, task in zip(axes[0], tasks, strict=True):
         for r in rows:
             if r["task"] == task:
-                curve = r["enrolled_by_day_mean"]
+                curve = r[f"{metric}_by_day_mean"]
                 ax.plot(range(1, len(curve) + 1), curve, label=r["policy"], linewidth=1.2)
-        ax.fill_between([0, max(ENROLLED_AT_DAYS)], low, high, color="grey", alpha=0.3, label="reference LLMs")
+        if band is not None and band[0] == metric:
+            _, label, low, high = band
+            ax.fill_between([0, extent], low, high, color="grey", alpha=0.3, label=label)
         ax.set_xlabel("day")
         ax.set_title(task)
-    axes[0][0].set_ylabel("enrolled (mean over seeds)")
+    axes[0][0].set_ylabel(f"{metric} (mean over seeds)")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("Held-out enrolment over the episode")
+    fig.suptitle(f"Held-out {metric} over the episode")
     fig.tight_layout()
     return _save(fig, plt, path)
 
@@ -159,8 +176,17 @@ def _save(fig, plt, path: str | Path) -> Path:
     return path
 
 
-def write_report(output_dir: str | Path, report: dict[str, Any]) -> dict[str, str]:
-    """Write ``report.json`` and the plots into ``output_dir``; returns the written paths by name."""
+def write_report(
+    output_dir: str | Path, report: dict[str, Any], interface: EnvInterface | None = None
+) -> dict[str, str]:
+    """Write ``report.json`` and the plots into ``output_dir``; returns the written paths by name.
+
+    Args:
+        output_dir: the folder.
+        report: ``{"results": [...], "training": {"curves": ...}, ...}``.
+        interface: the environment's interface, for its reference figures (``reference_scores``,
+            ``reference_band``); none without it.
+    """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -168,31 +194,43 @@ def write_report(output_dir: str | Path, report: dict[str, Any]) -> dict[str, st
     if curves and curves.get("step"):
         paths["training_curves"] = str(plot_training(curves, out / "training_curves.png"))
         paths["action_types"] = str(plot_action_types(curves, out / "action_types.png"))
-    if report.get("results"):
-        paths["final_scores"] = str(plot_results(report["results"], out / "final_scores.png", "Held-out final score"))
-        terms_plot = plot_score_terms(report["results"], out / "score_terms.png")
+    results = report.get("results")
+    if results:
+        references = getattr(interface, "reference_scores", None)
+        paths["final_scores"] = str(
+            plot_results(results, out / "final_scores.png", "Held-out final score", references)
+        )
+        terms_plot = plot_score_terms(results, out / "score_terms.png")
         if terms_plot is not None:
             paths["score_terms"] = str(terms_plot)
-        enrolment_plot = plot_enrolment(report["results"], out / "enrolment.png")
-        if enrolment_plot is not None:
-            paths["enrolment"] = str(enrolment_plot)
+        band = getattr(interface, "reference_band", None)
+        for metric in dict.fromkeys(name for r in results for name in curve_names(r)):
+            paths[f"{metric}_by_day"] = str(plot_curve(results, metric, out / f"{metric}_by_day.png", band))
     report = {**report, "plots": paths}
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
     paths["report"] = str(out / "report.json")
     return paths
 
 
-def summary(report: dict[str, Any]) -> str:
-    """The one-screen summary printed at the end of a run."""
+def summary(report: dict[str, Any], interface: EnvInterface | None = None) -> str:
+    """The one-screen summary printed at the end of a run.
+
+    Per policy and task the final score (mean ± sd) with the first episode metric's mean at the end in parentheses,
+    the interface's reference scores (``reference_scores``) below, then for each curve metric its values after the
+    days of ``<metric>_at_mean``, its peak and its end (with the interface's ``reference_band`` when it is this
+    metric's).
+    """
     results = report.get("results", [])
     tasks = list(dict.fromkeys(r["task"] for r in results))
     policies = list(dict.fromkeys(r["policy"] for r in results))
     by_key = {(r["policy"], r["task"]): r for r in results}
+    headline = next((names[0] for r in results if (names := metric_names(r))), None)
     # "own": the model's own answers that were legal, when constrained decoding made every answer legal.
     own_col = any(r.get("own_answer_valid_rate") is not None and r["fallback_rate"] == 0 for r in results)
     head = f"{'policy':<12}" + "".join(f"{t:>24}" for t in tasks) + f"{'valid':>8}" + (f"{'own':>8}" * own_col)
     seeds = report.get("config", {}).get("eval_seeds", "?")
-    lines = [f"held-out final score (mean ± sd) and (enrolled), seeds {seeds}", head, "-" * len(head)]
+    shown = f" and ({headline})" if headline else ""
+    lines = [f"held-out final score (mean ± sd){shown}, seeds {seeds}", head, "-" * len(head)]
     for policy in policies:
         cells, valid, own = [], [], []
         for task in tasks:
@@ -200,31 +238,37 @@ def summary(report: dict[str, Any]) -> str:
             if r is None or r["final_score_mean"] is None:
                 cells.append(f"{'-':>24}")
                 continue
-            cells.append(
-                f"{r['final_score_mean']:>.3f} ± {r['final_score_sd']:.3f} ({r['enrolled_mean']:>4.1f})".rjust(24)
-            )
+            cell = f"{r['final_score_mean']:>.3f} ± {r['final_score_sd']:.3f}"
+            if headline is not None and r.get(f"{headline}_mean") is not None:
+                cell += f" ({r[f'{headline}_mean']:>4.1f})"
+            cells.append(cell.rjust(24))
             valid.append(r["valid_action_rate"])
             if r.get("own_answer_valid_rate") is not None:
                 own.append(r["own_answer_valid_rate"])
         v = f"{100 * min(valid):.1f}%" if valid else "-"  # tenths: 98.7 % is not the 99 % target
         o = (f"{100 * min(own):.1f}%" if own else "-").rjust(8) if own_col else ""
         lines.append(f"{policy:<12}" + "".join(cells) + f"{v:>8}" + o)
-    ref = "".join(f"{REFERENCE_BEST.get(t, float('nan')):>24.3f}" for t in tasks)
-    lines.append(f"{'reference':<12}{ref}")
-    days = " / ".join(f"day {d}" for d in ENROLLED_AT_DAYS)
-    low, high = REFERENCE_LLM_ENROLLED
-    lines += ["", f"enrolled after {days} / peak / end (reference LLMs: {low}-{high} in rollouts of 15-30 steps)"]
-    for policy in policies:
-        cells = []
-        for task in tasks:
-            r = by_key.get((policy, task)) or {}
-            at = r.get("enrolled_at_mean")
-            if not at:
-                cells.append(f"{'-':>24}")
-                continue
-            numbers = [at[str(d)] for d in ENROLLED_AT_DAYS] + [r["enrolled_peak_mean"], r["enrolled_mean"]]
-            cells.append(" / ".join(f"{x:.1f}" for x in numbers).rjust(24))
-        lines.append(f"{policy:<12}" + " |".join(cells))
+    references = getattr(interface, "reference_scores", None)
+    if references:
+        lines.append(f"{'reference':<12}" + "".join(f"{references.get(t, float('nan')):>24.3f}" for t in tasks))
+    band = getattr(interface, "reference_band", None)
+    for metric in dict.fromkeys(name for r in results for name in curve_names(r)):
+        days = list(next((r[f"{metric}_at_mean"] for r in results if r.get(f"{metric}_at_mean")), {}))
+        title = f"{metric} after " + "".join(f"day {d} / " for d in days) + "peak / end"
+        if band is not None and band[0] == metric:
+            title += f" ({band[1]}: {band[2]:g}-{band[3]:g})"
+        lines += ["", title]
+        for policy in policies:
+            cells = []
+            for task in tasks:
+                r = by_key.get((policy, task)) or {}
+                if f"{metric}_by_day_mean" not in r:
+                    cells.append(f"{'-':>24}")
+                    continue
+                at = r.get(f"{metric}_at_mean") or {}
+                numbers = [at[d] for d in days] + [r[f"{metric}_peak_mean"], r[f"{metric}_mean"]]
+                cells.append(" / ".join(f"{x:.1f}" for x in numbers).rjust(24))
+            lines.append(f"{policy:<12}" + " |".join(cells))
     for key in ("seconds", "output_dir"):
         if key in report:
             lines.append(f"{key}: {report[key]}")

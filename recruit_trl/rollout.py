@@ -75,8 +75,11 @@ class RolloutConfig:
     """How samples are drawn from the environment (the recipe exposes these as command-line flags)."""
 
     env: str = field(
-        default="env.agent:CLINICAL",
-        metadata={"help": "Environment interface: a registered name or 'package.module:attribute'."},
+        default="clinical",
+        metadata={
+            "help": "Environment interface: a name (registered, or an installed recruit_trl.envs entry point) or "
+            "'package.module:attribute'."
+        },
     )
     mode: str = field(default="branch", metadata={"help": "Rollout mode: 'branch' or 'window'."})
     contract: str = field(default="index", metadata={"help": "Action contract: 'index' or 'json'."})

@@ -258,6 +258,7 @@ def dagger_rows(
     contract: str = "index",
     recent_k: int = 2,
     env: str | None = None,
+    model_loading: dict | None = None,
     progress: bool = True,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """DAgger data: the model at ``policy_path`` plays full episodes (greedy, lock-step batched, as in evaluation)
@@ -265,7 +266,7 @@ def dagger_rows(
 
     Behaviour cloning sees only the teacher's own states; once the student errs it reaches states the teacher
     never showed it and drifts further (compounding errors). These rows teach it how to recover from its own
-    mistakes.
+    mistakes. ``model_loading`` loads the student as it was trained (:func:`recruit_trl.models.loading_config`).
 
     Returns:
         ``(rows, results)``: trace rows (as :func:`recruit_trl.traces.collect_traces` makes them) and the
@@ -273,7 +274,10 @@ def dagger_rows(
     """
     from recruit_trl.evaluate import EvalConfig, Evaluator, aggregate
 
-    config = EvalConfig(tasks=tuple(tasks), seeds=tuple(seeds), contract=contract, recent_k=recent_k, teacher=teacher)
+    config = EvalConfig(
+        tasks=tuple(tasks), seeds=tuple(seeds), contract=contract, recent_k=recent_k, teacher=teacher,
+        model_loading=dict(model_loading or {}),
+    )  # fmt: skip
     if env is not None:
         config.env = env
     evaluator = Evaluator(config, interface)

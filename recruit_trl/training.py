@@ -98,21 +98,29 @@ class ScriptArguments(RolloutConfig):
     sft_heldout_seeds: str = field(
         default="400", metadata={"help": "Episodes traced for the SFT warm start's held-out teacher-match report."}
     )
+    sft_heldout_rows: int = field(
+        default=0, metadata={"help": "Held-out rows in the warm start's report: a fixed random subset (0: all)."}
+    )
     sft_epochs: float = field(
         default=2.0, metadata={"help": "Epochs of the SFT warm start's first fit (DAgger rounds: --dagger_epochs)."}
     )
     sft_full_finetune: str = field(
         default="auto",
-        metadata={"help": "SFT warm start: 'true' fine-tunes every weight (RL then goes on as --rl_full_finetune "
-                  "says), 'false' trains the LoRA adapter that RL continues; 'auto': full for the tiny model, LoRA "
-                  "otherwise (a tiny model's LoRA lacks the capacity to imitate the teacher)."},
+        metadata={"help": "SFT warm start: 'true' fine-tunes every weight, 'false' trains a LoRA adapter (RL then "
+                  "continues it); 'auto': every weight for the tiny model built here from scratch (its LoRA lacks the "
+                  "capacity to imitate the teacher), a LoRA adapter for every pretrained model and with "
+                  "--load_in_4bit/--load_in_8bit. --use_peft false asks for every weight too."},
     )  # fmt: skip
     rl_full_finetune: str = field(
         default="auto",
         metadata={"help": "RL after a fully fine-tuned warm start: 'true' trains every weight, 'false' a fresh LoRA "
-                  "adapter on it; 'auto': every weight for the tiny model (a fresh LoRA barely moved its policy), "
-                  "LoRA otherwise."},
+                  "adapter on it; 'auto': every weight for the tiny model built here (a fresh LoRA barely moved its "
+                  "policy), a LoRA adapter otherwise. After a LoRA warm start RL always continues that adapter."},
     )  # fmt: skip
+    sft_batch_size: int = field(default=16, metadata={"help": "Rows per step of the SFT warm start."})
+    sft_max_steps: int = field(
+        default=-1, metadata={"help": "Optimizer steps of the SFT warm start's first fit (-1: --sft_epochs decides)."}
+    )
     sft_learning_rate: float | None = field(
         default=None, metadata={"help": "Learning rate of the SFT warm start (default: 3e-4 full, 1e-3 LoRA)."}
     )
@@ -171,6 +179,25 @@ class ScriptArguments(RolloutConfig):
         default=True, metadata={"help": "Evaluate base / SFT / RL models and baselines at the end; write report.json."}
     )
     eval_seeds: str = field(default="0-9", metadata={"help": "Held-out reset seeds of the final evaluation."})
+    eval_episodes: str = field(
+        default="auto",
+        metadata={"help": "Evaluate the base, SFT and RL models over whole episodes on --eval_seeds ('auto': for the "
+                  "tiny model only; a real model on CPU needs minutes per episode, and is measured at decision "
+                  "level instead, see --eval_decisions). --eval_baselines always play whole episodes."},
+    )  # fmt: skip
+    eval_decisions: bool = field(
+        default=True,
+        metadata={"help": "Decision-level report on held-out states: the benchmark table (strict JSON, valid action, "
+                  "teacher match, invalid count) and state values (the final score reached from each policy's "
+                  "action) for the models, the teacher and the safe agent (recruit_trl.decisions)."},
+    )  # fmt: skip
+    decision_seeds: str = field(
+        default="500-505", metadata={"help": "Reset seeds of the decision-level report's states (never trained on)."}
+    )
+    decision_days: str = field(default="0-150:30", metadata={"help": "Days of the decision-level report's states."})
+    decision_rows: int = field(
+        default=100, metadata={"help": "Decisions in the report: a fixed subset stratified by task and action type."}
+    )
     eval_baselines: list[str] = field(
         default_factory=lambda: ["heuristic", "expert"], metadata={"help": "Environment policies evaluated alongside."}
     )
@@ -204,7 +231,7 @@ class ScriptArguments(RolloutConfig):
         super().__post_init__()
         if "teacher_match_reward" in self.reward_funcs and not self.reward_teacher:
             raise ValueError("--reward_funcs teacher_match_reward needs --reward_teacher (e.g. grader_heuristic)")
-        for flag in ("sft_full_finetune", "rl_full_finetune"):
+        for flag in ("sft_full_finetune", "rl_full_finetune", "eval_episodes"):
             if str(getattr(self, flag)).lower() not in ("auto", "true", "false"):
                 raise ValueError(f"--{flag} must be auto, true or false, not {getattr(self, flag)!r}")
         check_oversample(self.sft_oversample, self.tasks, "--sft_oversample")
@@ -291,6 +318,7 @@ def make_anchor_dataset(
     temperature: float = 1.0,
     top_p: float = 1.0,
     states_file: str | None = None,
+    model_loading: dict | None = None,
 ):
     """Anchors over ``args.tasks`` x seeds x days whose prefix does not end the episode, as a Dataset.
 
@@ -302,6 +330,7 @@ def make_anchor_dataset(
         temperature: sampling temperature of a recording model (the training temperature: on-policy states).
         top_p: its nucleus.
         states_file: where recorded states are kept (reused when produced by the same model and settings).
+        model_loading: how a recording model is loaded (:func:`recruit_trl.models.loading_config`).
     """
     seeds, days = parse_int_ranges(args.anchor_seeds), parse_int_ranges(args.anchor_days)
     cache = cache or AnchorCache(interface, recent_k=args.recent_k)
@@ -319,6 +348,7 @@ def make_anchor_dataset(
             states = record_anchors(
                 interface, str(path), args.tasks, seeds, days, label=label,
                 contract=args.contract, recent_k=args.recent_k, temperature=temperature, top_p=top_p,
+                model_loading=model_loading,
             )  # fmt: skip
             if states_file:
                 save_states(states_file, states, meta)
@@ -329,6 +359,40 @@ def make_anchor_dataset(
     if not anchors:
         raise ValueError("No anchors: every (task, seed, day) prefix ended its episode; use earlier --anchor_days.")
     return anchor_dataset(anchors)
+
+
+def full_finetune(choice: str, model_args: Any, model_path: str) -> bool:
+    """Whether a stage fine-tunes every weight (``choice``: ``--sft_full_finetune`` / ``--rl_full_finetune``).
+
+    ``auto`` trains every weight only for the tiny model built here from scratch, or when ``--use_peft false`` asks
+    for it; every pretrained model trains a LoRA adapter. A quantised model (``--load_in_4bit`` / ``--load_in_8bit``)
+    always trains an adapter: its frozen integer weights cannot be fine-tuned.
+
+    Raises:
+        ValueError: ``true`` together with quantisation.
+    """
+    from recruit_trl.models import model_kind
+
+    quantized = bool(getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False))
+    choice = str(choice).lower()  # one of auto / true / false: ScriptArguments checks it at start-up
+    if choice == "true" and quantized:
+        raise ValueError("full fine-tuning cannot train a quantised model: drop --load_in_4bit/--load_in_8bit or "
+                         "set --sft_full_finetune/--rl_full_finetune to auto or false")  # fmt: skip
+    if choice == "auto":
+        return not quantized and (model_kind(model_path) == "tiny" or not model_args.use_peft)
+    return choice == "true"
+
+
+def model_init_kwargs(model_args: Any, training_args: Any = None) -> dict[str, Any]:
+    """``from_pretrained`` keyword arguments of the trained model in every stage (warm start, RL; evaluation loads
+    with the same :func:`recruit_trl.models.loading_config`): ``ModelConfig``'s dtype, attention implementation and
+    bitsandbytes quantisation. ``training_args.model_init_kwargs`` (TRL's own field), when set, overrides them."""
+    from recruit_trl.models import from_pretrained_kwargs, loading_config
+
+    return {
+        **from_pretrained_kwargs(loading_config(model_args)),
+        **(getattr(training_args, "model_init_kwargs", None) or {}),
+    }
 
 
 def cpu_defaults() -> dict[str, Any]:
@@ -354,6 +418,43 @@ def cpu_defaults() -> dict[str, Any]:
     if not torch.cuda.is_available():
         defaults.update({"bf16": False, "use_cpu": True})
     return defaults
+
+
+# Defaults for a named model, applied when the command line names it (``--model_name_or_path smollm2``); any flag
+# still overrides them. SmolLM2-135M costs about 1.1 s per 400-token decision and 30-45 s per LoRA step of 8 rows on
+# 2 CPU cores, so its run is sized for <= 45 minutes: a short LoRA warm start without DAgger (a DAgger round plays
+# whole episodes), a few GRPO steps on small groups, and decision-level evaluation instead of whole episodes.
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "smollm2": {
+        "output_dir": "outputs/grpo_clinical_smollm2",
+        "sft_train_seeds": "300-301",
+        "sft_max_steps": 16,
+        "sft_batch_size": 8,
+        "sft_heldout_rows": 32,
+        "sft_learning_rate": 5e-4,
+        "dagger_rounds": 0,
+        "anchor_seeds": "100-101",
+        "max_steps": 12,
+        "per_device_train_batch_size": 8,
+        "num_generations": 4,
+        "learning_rate": 1e-4,
+        "save_steps": 4,
+    }
+}
+
+
+def preset_defaults(argv: Sequence[str]) -> dict[str, Any]:
+    """The :data:`MODEL_PRESETS` entry of the model named on the command line (``--model_name_or_path NAME`` or
+    ``--model_name_or_path=NAME``), else ``{}``."""
+    for i, arg in enumerate(argv):
+        name = None
+        if arg == "--model_name_or_path" and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif arg.startswith("--model_name_or_path="):
+            name = arg.split("=", 1)[1]
+        if name is not None:
+            return dict(MODEL_PRESETS.get(name.strip().lower(), {}))
+    return {}
 
 
 def model_defaults() -> dict[str, Any]:

@@ -1,10 +1,15 @@
-"""The ``recruit-trl`` console entry point: tasks listing and the delegated env CLIs."""
+"""The ``recruit-trl`` console entry point: tasks listing and the environment's own commands (entry points)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from recruit_trl.cli import main
+
+ROOT = Path(__file__).parents[1]
 
 
 def test_tasks_lists_the_public_tasks(capsys):
@@ -15,6 +20,22 @@ def test_tasks_lists_the_public_tasks(capsys):
     assert "hard_bench_stage_30" not in out
     assert main(["tasks", "--all"]) == 0
     assert "hard_bench_stage_30" in capsys.readouterr().out
+
+
+def test_tasks_of_an_environment_without_a_task_table(capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))
+    assert main(["tasks", "--env", "tests.toy_env:TOY"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["id", "----", "near", "far"]
+    with pytest.raises(ValueError, match="Unknown environment 'nowhere'"):
+        main(["tasks", "--env", "nowhere"])
+
+
+def test_help_lists_the_environment_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for command in ("tasks", "eval", "golden", "bench", "serve"):
+        assert f"    {command} " in out
 
 
 def test_golden_is_delegated(capsys, tmp_path, golden_episodes):

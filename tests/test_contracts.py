@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import env.agent  # noqa: F401  (registers the "clinical" interface)
 from env import ClinicalRecruitmentEnv
 from recruit_trl.contracts import (
+    DEFAULT_JSON_INSTRUCTIONS,
+    INDEX_INSTRUCTIONS,
     build_messages,
     completion_text,
     drop_listed_candidate,
@@ -84,6 +85,27 @@ def test_json_contract_validates_through_the_environment(obs):
     bad = parse_action('{"action_type": "teleport"}', "json", INTERFACE, obs)
     assert not bad.valid and bad.error == "schema_violation"
     assert parse_json_object("null") == (None, "no_json_object")
+
+
+def test_the_answer_format_follows_the_contract_and_the_interface(obs):
+    """The json contract's format names the environment's action fields (the clinical text, unchanged: trained
+    models depend on it); an interface without ``json_instructions`` gets the generic sentence."""
+    system = build_messages(INTERFACE, obs, [], "json")[0]["content"]
+    assert system == (
+        "You run a clinical-trial recruitment campaign, one action per day. Enrol patients within budget.\n"
+        "Answer with exactly one JSON object: the action, with its action_type and arguments (patient_id, site_id, "
+        "strategy_change, target_phase, memory_key, memory_query, hypothesis, confidence)."
+    )
+    assert build_messages(INTERFACE, obs, [], "index")[0]["content"].endswith(f"budget.\n{INDEX_INSTRUCTIONS}")
+
+    class Plain:  # the clinical interface without its optional json_instructions
+        def __getattr__(self, name):
+            if name == "json_instructions":
+                raise AttributeError(name)
+            return getattr(INTERFACE, name)
+
+    assert build_messages(Plain(), obs, [], "json")[0]["content"].endswith(f"budget.\n{DEFAULT_JSON_INSTRUCTIONS}")
+    assert DEFAULT_JSON_INSTRUCTIONS == "Answer with exactly one JSON object: the action."
 
 
 def test_candidates_are_legal_and_listed(obs):

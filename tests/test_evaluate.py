@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import env.agent  # noqa: F401
+import env.agent
 from recruit_trl.cli import main as cli
 from recruit_trl.evaluate import EvalConfig, evaluate, format_table, plot_results
 
@@ -61,21 +61,31 @@ def test_enrolment_over_the_days_follows_each_episode():
 
     config = EvalConfig(tasks=("easy_bench",), seeds=(0, 1))
     logs = Evaluator(config).run_policy("safe")
-    for log in logs:  # the same episode replayed by hand: enrolled_so_far after every decision
+    for log in logs:  # the same episode replayed by hand: enrolled_so_far and budget_remaining after every decision
         game, policy = ClinicalRecruitmentEnv("easy_bench"), env.agent.CLINICAL.get_policy("safe")
         obs, _ = game.reset(seed=log.seed)
-        by_day = []
+        by_day, budget = [], []
         for _ in range(180):
             obs, *_ = game.step(policy(obs, None))
             by_day.append(obs["enrolled_so_far"])
-        assert log.enrolled_by_day == by_day and by_day[-1] == log.enrolled
-    (row,) = aggregate("safe", logs, is_model=False)
-    mean = [(a + b) / 2 for a, b in zip(logs[0].enrolled_by_day, logs[1].enrolled_by_day, strict=True)]
+            budget.append(obs["budget_remaining"])
+        assert log.metrics == {"enrolled": by_day, "budget_left": budget}
+    (row,) = aggregate("safe", logs, is_model=False, curve_metrics=("enrolled",), metric_days=(15, 30))
+    assert row["budget_left_mean"] == round(sum(log.metrics["budget_left"][-1] for log in logs) / 2, 2)
+    mean = [(a + b) / 2 for a, b in zip(logs[0].metrics["enrolled"], logs[1].metrics["enrolled"], strict=True)]
+    assert row["enrolled_mean"] == pytest.approx(mean[-1], abs=0.006)
     assert row["enrolled_by_day_mean"] == pytest.approx(mean, abs=0.006)
     assert row["enrolled_at_mean"]["30"] == pytest.approx(mean[29], abs=0.006)
     assert row["enrolled_at_mean"]["15"] == pytest.approx(mean[14], abs=0.006)
     assert row["enrolled_peak_mean"] >= row["enrolled_mean"]
     assert row["enrolled_peak_mean"] > row["enrolled_at_mean"]["30"]
+    # Without curve metrics a row keeps each metric's value at the end only.
+    (plain,) = aggregate("safe", logs, is_model=False)
+    assert {k for k in plain if k.startswith(("enrolled", "budget"))} == {"enrolled_mean", "budget_left_mean"}
+    for log in logs:  # a metric whose field is taken
+        log.metrics["final_score"] = [0.5]
+    with pytest.raises(ValueError, match="final_score"):
+        aggregate("safe", logs, is_model=False)
 
 
 def test_model_policy_runs_in_lock_step(tiny_model, tmp_path):
@@ -180,14 +190,20 @@ def test_evaluation_against_a_server_matches_in_process():
 def test_report_plots_enrolment_and_summarises_it(tmp_path):
     from recruit_trl.report import summary, write_report
 
-    report = evaluate(["safe", "random"], EvalConfig(tasks=(TASK,), seeds=(0, 1)), progress=False)
-    paths = write_report(tmp_path, {"results": report["results"], "config": {"eval_seeds": "0-1"}})
-    assert Path(paths["enrolment"]).read_bytes()[:4] == b"\x89PNG"
-    text = summary(report)
-    assert "enrolled after day 15 / day 30 / peak / end (reference LLMs: 3-5" in text
+    report = evaluate(["safe", "random"], EvalConfig(tasks=(TASK, "easy_bench"), seeds=(0, 1)), progress=False)
+    clinical = env.agent.CLINICAL
+    paths = write_report(tmp_path, {"results": report["results"], "config": {"eval_seeds": "0-1"}}, clinical)
+    assert Path(paths["enrolled_by_day"]).read_bytes()[:4] == b"\x89PNG"
+    assert Path(paths["enrolled_by_day"]).name == "enrolled_by_day.png"
+    text = summary(report, clinical)
+    assert text.splitlines()[0].startswith("held-out final score (mean ± sd) and (enrolled)")
+    assert "enrolled after day 15 / day 30 / peak / end (reference LLMs: 3-5)" in text
+    assert f"{'reference':<12}{'nan':>24}{0.607:>24.3f}" in text  # the stage task has no published figure
+    assert "reference" not in summary(report)  # the figures come from the interface
     safe = report["results"][0]
     cells = [safe["enrolled_at_mean"]["15"], safe["enrolled_at_mean"]["30"], safe["enrolled_peak_mean"]]
     assert " / ".join(f"{x:.1f}" for x in [*cells, safe["enrolled_mean"]]) in text.splitlines()[-2]
+    assert f"({safe['enrolled_mean']:>4.1f})" in text.splitlines()[3]
     worst = dict(safe, valid_action_rate=0.987)  # the lowest validity of a policy's tasks, to a tenth
     assert summary({"results": [worst]}).splitlines()[3].endswith(" 98.7%")
     constrained = dict(safe, valid_action_rate=1.0, fallback_rate=0.0, own_answer_valid_rate=0.9812)

@@ -382,3 +382,41 @@ def test_tiny_model_cache_key_follows_the_prompts():
     assert base != prompt_fingerprint(FewerCandidates(), tasks, "index", 2)
     assert base != prompt_fingerprint(OtherText(), tasks, "index", 2)
     assert base != prompt_fingerprint(env.agent.CLINICAL, tasks, "index", 1)
+
+
+def test_4bit_layers_keep_their_gradients_after_an_eval_mode_forward(tmp_path):
+    """bitsandbytes repacks 4-bit weights on CPU for inference, one way and without a backward; rollouts generate in
+    eval mode, so without keep_4bit_layers_trainable every later training step would get wrong LoRA gradients."""
+    pytest.importorskip("bitsandbytes")
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Qwen3Config
+
+    from recruit_trl.models import keep_4bit_layers_trainable
+
+    config = Qwen3Config(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, vocab_size=300,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    ids = torch.arange(20).view(2, 10)
+
+    def lora_grads(eval_first: bool, keep: bool) -> torch.Tensor:
+        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=quantization)
+        if keep:
+            assert keep_4bit_layers_trainable(model) in (0, 14)  # 0 on a CPU without the repacking kernel
+        torch.manual_seed(1)
+        model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+        if eval_first:
+            model.eval()
+            with torch.no_grad():
+                model(input_ids=ids)
+            model.train()
+        model(input_ids=ids, labels=ids).loss.backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    reference = lora_grads(eval_first=False, keep=False)
+    after_eval = lora_grads(eval_first=True, keep=True)
+    assert (after_eval - reference).abs().max() <= 0.02 * reference.abs().max()

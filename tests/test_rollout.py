@@ -11,7 +11,6 @@ from dataclasses import replace
 
 import pytest
 
-import env.agent  # noqa: F401
 import recruit_trl.rollout as rollout_mod
 from env import ACTION_TYPES
 from recruit_trl.anchors import Anchor

@@ -1,0 +1,112 @@
+"""A second environment (tests/toy_env.py, a walk on a number line) runs through recruit_trl unchanged: the
+``recruit-trl eval`` command line, the evaluator, teacher traces and both rollout modes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import recruit_trl.rollout as rollout_mod
+from recruit_trl.anchors import Anchor
+from recruit_trl.contracts import DEFAULT_JSON_INSTRUCTIONS
+from recruit_trl.evaluate import EvalConfig, evaluate, format_table
+from recruit_trl.models import build_tokenizer
+from recruit_trl.protocol import get_env_interface
+from recruit_trl.report import summary, write_report
+from recruit_trl.rollout import RolloutConfig, make_rollout
+from recruit_trl.traces import collect_traces
+
+ROOT = Path(__file__).parents[1]
+ENV = "tests.toy_env:TOY"
+ROW_KEYS = {
+    "policy", "task", "episodes", "final_score_mean", "final_score_sd", "episode_length_mean", "strict_json_rate",
+    "valid_action_rate", "fallback_rate", "teacher_match", "own_answer_valid_rate", "action_types", "score_terms_mean",
+}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def importable(monkeypatch):
+    """``tests.toy_env`` is imported from the repository root (as ``python -m pytest`` there does anyway)."""
+    monkeypatch.syspath_prepend(str(ROOT))
+
+
+@pytest.fixture
+def toy():
+    return get_env_interface(ENV)
+
+
+def test_eval_command_line_runs_the_toy_environment(tmp_path):
+    out = tmp_path / "toy.json"
+    command = [str(Path(sys.executable).parent / "recruit-trl"), "eval", "--env", ENV, "--policy", "greedy"]
+    command += ["--policy", "random", "--seeds", "0-4", "--json", str(out), "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["policy"], r["task"]) for r in rows] == [(p, t) for p in ("greedy", "random") for t in ("near", "far")]
+    for row in rows:
+        assert set(row) == ROW_KEYS  # no episode metrics of its own: no enrolled / budget fields
+        assert row["episodes"] == 5 and 0.0 <= row["final_score_mean"] <= 1.0
+        assert row["valid_action_rate"] == 1.0 and row["score_terms_mean"] is None
+    scores = {(r["policy"], r["task"]): r["final_score_mean"] for r in rows}
+    assert all(scores["greedy", task] > scores["random", task] for task in ("near", "far"))
+    header = proc.stdout.splitlines()[0]
+    assert header.split()[:4] == ["policy", "task", "score", "len"] and "enrolled" not in proc.stdout
+
+
+def test_evaluator_report_and_summary(toy, tmp_path):
+    config = EvalConfig(env=ENV, seeds=(0, 1, 2), teacher="greedy")
+    report = evaluate(["greedy", "random"], config, progress=False)
+    assert report["config"]["tasks"] == ["near", "far"]  # the interface's tasks() by default
+    greedy = report["results"][0]
+    assert greedy["teacher_match"] == 1.0 and greedy["action_types"]["stop"] > 0
+    assert "budget" not in format_table(report["results"])
+    paths = write_report(tmp_path, report, toy)
+    assert set(paths) == {"final_scores", "report"}  # no curve metrics, no grade parts: no other plots
+    text = summary(report, toy)
+    assert text.splitlines()[0] == "held-out final score (mean ± sd), seeds ?"
+    assert "reference" not in text and "after day" not in text
+
+
+def test_remote_evaluation_needs_a_remote_client():
+    with pytest.raises(ValueError, match="no remote client"):
+        evaluate(["greedy"], EvalConfig(env=ENV, seeds=(0,), env_url="http://127.0.0.1:1"), progress=False)
+
+
+def test_traces_render_the_toy_prompts(toy):
+    rows = collect_traces(toy, ["near"], [0, 1], teacher="greedy")
+    assert rows and all(r["task"] == "near" for r in rows)
+    assert rows[0]["messages"][1]["content"].startswith("Day 0/12 | position 0 | target 3\nActions:\n0: left")
+    assert {r["action_type"] for r in rows} <= {"left", "right", "wait", "stop"}
+    (json_row,) = collect_traces(toy, ["near"], [0], teacher="greedy", contract="json", max_days=1)
+    assert json_row["messages"][0]["content"].endswith(DEFAULT_JSON_INSTRUCTIONS)
+    assert json.loads(json_row["completion"]) == {"kind": "right"}
+
+
+class ScriptedSampler:
+    """Stands in for recruit_trl.generation.sample: answers every prompt with ``text``."""
+
+    def __init__(self, tokenizer, text):
+        self.ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+    def __call__(self, model, tokenizer, prompt_ids, generation_config, max_new_tokens, chunk_size=64, allowed=None):
+        return [list(self.ids) for _ in prompt_ids], [[-0.5] * len(self.ids) for _ in prompt_ids]
+
+
+@pytest.mark.parametrize("mode", ["branch", "window"])
+def test_rollouts_play_the_toy_environment(toy, monkeypatch, mode):
+    rows = collect_traces(toy, list(toy.tasks()), [0], teacher="greedy")
+    tokenizer = build_tokenizer([m["content"] for r in rows for m in r["messages"]] + [r["completion"] for r in rows])
+    monkeypatch.setattr(rollout_mod, "sample", ScriptedSampler(tokenizer, '{"action_index": 1}'))  # "right"
+    config = RolloutConfig(env=ENV, mode=mode, horizon=3, window_turns=2, continuation_policy="greedy")
+    rollout = make_rollout(config, toy)
+    prompts = [Anchor(task, 1, 2, policy="random").key() for task in ("near", "far") for _ in range(2)]
+    out = rollout(prompts, None, model=object(), tokenizer=tokenizer, generation_config=None, step=0)
+    assert out["valid"] == [1.0] * 4 and set(out["action_type"]) == {"right"}
+    for field in toy.reward_fields:
+        assert len(out[field]) == 4

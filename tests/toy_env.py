@@ -1,0 +1,136 @@
+"""A second, tiny environment for the tests: a walk on a number line, seen through its own ``EnvInterface``.
+
+Each day the walker steps ``left``, ``right`` or ``wait``s, or ``stop``s (ending the walk); now and then a gust (the
+environment's RNG) pushes it one more step. After :data:`DAYS` days (or a stop) the final score is
+``1 - distance to the target / target`` (at least 0). It shares nothing with the clinical environment, so recruit_trl
+running it (``recruit-trl eval --env tests.toy_env:TOY``, traces, rollouts) shows that nothing there is clinical.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+DAYS = 12
+TARGETS = {"near": 3, "far": 8}  # task -> target position (the walk starts at 0)
+KINDS = ("left", "right", "wait", "stop")
+MOVES = {"left": -1, "right": 1, "wait": 0, "stop": 0}
+GUST = 0.2  # chance of a gust each day
+
+
+class Walk:
+    """The environment: Gymnasium-style ``reset``/``step`` with ``snapshot``/``restore``/``reseed``."""
+
+    def __init__(self, task: str) -> None:
+        if task not in TARGETS:
+            raise ValueError(f"unknown task {task!r}; expected one of {sorted(TARGETS)}")
+        self.task, self.target = task, TARGETS[task]
+        self.position, self.day, self.rng = 0, 0, random.Random(0)
+
+    def observation(self) -> dict[str, Any]:
+        return {"task": self.task, "day": self.day, "days": DAYS, "position": self.position, "target": self.target}
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        self.position, self.day, self.rng = 0, 0, random.Random(seed)
+        return self.observation(), {}
+
+    def step(self, action: Mapping[str, Any]):
+        kind = action.get("kind")
+        info: dict[str, Any] = {"last_action_error": None if kind in KINDS else "unknown_kind"}
+        before = abs(self.target - self.position)
+        self.position += MOVES.get(kind, 0)
+        if self.rng.random() < GUST:
+            self.position += self.rng.choice((-1, 1))
+        self.day += 1
+        distance = abs(self.target - self.position)
+        terminated, truncated = kind == "stop", self.day >= DAYS and kind != "stop"
+        if terminated or truncated:
+            info["final_score"] = round(max(0.0, 1 - distance / self.target), 4)
+        return self.observation(), float(before - distance), terminated, truncated, info
+
+    def snapshot(self) -> tuple:
+        return self.position, self.day, self.rng.getstate()
+
+    def restore(self, snapshot: tuple) -> None:
+        self.position, self.day, state = snapshot
+        self.rng.setstate(state)
+
+    def reseed(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+
+def toward(obs: Mapping[str, Any]) -> str:
+    """The step that closes the distance to the target (``stop`` on it)."""
+    gap = obs["target"] - obs["position"]
+    return "right" if gap > 0 else "left" if gap < 0 else "stop"
+
+
+def greedy_policy(obs: Mapping[str, Any], rng: random.Random | None = None) -> dict[str, Any]:
+    return {"kind": toward(obs)}
+
+
+def random_policy(obs: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
+    return {"kind": rng.choice(KINDS[:3])}  # never stops: a random walk of the whole episode
+
+
+class ToyInterface:
+    """recruit_trl's ``EnvInterface`` for :class:`Walk` (required members only: every optional one keeps its
+    generic default)."""
+
+    name = "toy"
+    system_prompt = "You walk on a number line, one step per day. Reach the target and stop there."
+    reward_fields = ("env_return", "progress")
+    terminal_action_types = frozenset({"stop"})
+
+    def make_env(self, task: str) -> Walk:
+        return Walk(task)
+
+    def tasks(self) -> Sequence[str]:
+        return tuple(TARGETS)
+
+    def render(self, obs: Mapping[str, Any], recent: Sequence[str]) -> str:
+        text = f"Day {obs['day']}/{obs['days']} | position {obs['position']} | target {obs['target']}"
+        return text + ("\nRecent: " + "; ".join(recent) if recent else "")
+
+    def candidate_actions(self, obs: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return [{"kind": kind} for kind in KINDS]
+
+    def describe_action(self, action: Mapping[str, Any], obs: Mapping[str, Any] | None = None) -> str:
+        return str(action.get("kind"))
+
+    def validate_action(self, payload: Mapping[str, Any], obs: Mapping[str, Any]) -> dict[str, Any]:
+        if set(payload) != {"kind"} or payload["kind"] not in KINDS:
+            raise ValueError(f"expected {{'kind': one of {KINDS}}}, got {dict(payload)}")
+        return dict(payload)
+
+    def fallback_action(self, obs: Mapping[str, Any]) -> dict[str, Any]:
+        return greedy_policy(obs)
+
+    def action_type(self, action: Mapping[str, Any]) -> str:
+        return str(action.get("kind"))
+
+    def action_types(self) -> Sequence[str]:
+        return KINDS
+
+    def step_components(self, obs_before, action, obs, reward: float, info) -> dict[str, float]:
+        gain = abs(obs_before["target"] - obs_before["position"]) - abs(obs["target"] - obs["position"])
+        return {"env_return": reward, "progress": float(gain)}
+
+    def action_shaping(self, obs: Mapping[str, Any], action: Mapping[str, Any]) -> float:
+        return 0.1 if action.get("kind") == toward(obs) else 0.0
+
+    def outcome(self, info: Mapping[str, Any]) -> str:
+        return info.get("last_action_error") or "ok"
+
+    def final_score(self, info: Mapping[str, Any]) -> float | None:
+        return info.get("final_score")
+
+    def get_policy(self, name: str):
+        policies = {"greedy": greedy_policy, "random": random_policy}
+        if name not in policies:
+            raise ValueError(f"unknown policy {name!r}; expected one of {sorted(policies)}")
+        return policies[name]
+
+
+TOY = ToyInterface()
