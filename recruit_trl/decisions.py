@@ -111,6 +111,9 @@ def _policy_action(rollout: BranchRollout, policy, anchor: Anchor, state: Anchor
     return rollout.teacher_action(rollout.scorer.start(anchor, state, seed), state.obs, seed, policy)
 
 
+SAFE = "safe"  # the safe agent: every interface has one, its fallback action
+
+
 def decision_set(
     interface: EnvInterface,
     tasks: Sequence[str],
@@ -143,7 +146,7 @@ def decision_set(
     """
     from tqdm.auto import tqdm
 
-    rollout = _scorer(interface, recent_k=recent_k)
+    rollout = _scorer(interface, continuation=teacher, recent_k=recent_k)  # rebuilds states: no continuation runs
     policy = interface.get_policy(teacher)
     anchors = build_anchors(interface, tasks, seeds, days, policy=teacher, cache=rollout.cache)
     out = []
@@ -493,7 +496,7 @@ def evaluate_decisions(
         interface = get_env_interface(interface)
     teacher = decisions[0].teacher if decisions else ""
     reference = reference or teacher
-    rollout = _scorer(interface)
+    rollout = _scorer(interface, continuation=continuation)
     benchmark: dict[str, Any] = {}
     actions: dict[str, list[Action]] = {}
     seconds: dict[str, Any] = {"generation_per_decision": {}}
@@ -519,7 +522,7 @@ def evaluate_decisions(
             benchmark[label] = benchmark_table(decisions, answers, interface, constrained_answers=forced)
             del model
         else:
-            policy = interface.get_policy(name)
+            policy = _get_policy(interface, name)
             played = [
                 d.teacher_action if name == d.teacher else _policy_action(rollout, policy, d.anchor, d.state)
                 for d in decisions
@@ -531,7 +534,7 @@ def evaluate_decisions(
     if state_value:
         if reference not in actions:  # the paired differences need the reference's own values
             actions[reference] = [d.teacher_action for d in decisions] if reference == teacher else [
-                _policy_action(rollout, interface.get_policy(reference), d.anchor, d.state) for d in decisions
+                _policy_action(rollout, _get_policy(interface, reference), d.anchor, d.state) for d in decisions
             ]  # fmt: skip
         values = state_values(
             interface, decisions, actions, reference=reference, continuation=continuation, horizon=horizon,
@@ -556,6 +559,16 @@ def evaluate_decisions(
         "model_loading": dict(model_loading or {}),
     }
     return {"benchmark": benchmark, "state_value": values, "seconds": seconds, "config": config}
+
+
+def _get_policy(interface: EnvInterface, name: str):
+    """A policy the environment registers; ``safe`` is the interface's fallback action when it registers none."""
+    if name == SAFE:
+        try:
+            return interface.get_policy(name)
+        except (KeyError, ValueError):
+            return lambda obs, rng: interface.fallback_action(obs)
+    return interface.get_policy(name)
 
 
 def _answer_of(interface: EnvInterface, decision: Decision, action: Action) -> str:

@@ -110,3 +110,29 @@ def test_rollouts_play_the_toy_environment(toy, monkeypatch, mode):
     assert out["valid"] == [1.0] * 4 and set(out["action_type"]) == {"right"}
     for field in toy.reward_fields:
         assert len(out[field]) == 4
+
+
+def test_the_toy_environment_trains_through_the_recipes(warm_model, tmp_path):
+    """One SFT step and one GRPO step on the toy walk through recipes/grpo_clinical.py's code paths (the environment
+    is a flag), then its decision-level report: nothing in recruit_trl/ knows the walk."""
+    from test_recipes import load
+
+    recipe = load("grpo_clinical")
+    flags = [
+        "--env", ENV, "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1",
+        "--tasks", "near", "far", "--anchor_policy", "random", "--anchor_seeds", "100", "--anchor_days", "0-6:3",
+        "--continuation_policy", "greedy", "--teacher", "greedy", "--sft_train_seeds", "300-301",
+        "--sft_heldout_seeds", "400", "--sft_max_steps", "1", "--dagger_rounds", "0", "--sft_full_finetune", "false",
+        "--per_device_train_batch_size", "8", "--num_generations", "4", "--save_strategy", "no",
+        "--eval_episodes", "true", "--eval_seeds", "0-1", "--eval_baselines", "greedy", "random",
+        "--decision_seeds", "500-501", "--decision_days", "0-6:3", "--decision_rows", "8",
+    ]  # fmt: skip
+    trainer = recipe.main(*recipe.parse_args(flags))
+    assert trainer.state.global_step == 1
+    assert (tmp_path / "sft" / "adapter_model.safetensors").is_file() and (tmp_path / "adapter_config.json").is_file()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert {r["policy"] for r in report["results"]} == {"base", "sft", "grpo", "greedy", "random"}
+    assert all("enrolled_mean" not in r for r in report["results"])
+    bench = report["decisions"]["benchmark"]
+    assert set(bench) == {"base", "sft", "grpo", "greedy", "safe"} and bench["greedy"]["teacher_match"] == 1.0
+    assert report["decisions"]["state_value"]["grpo"]["n"] == 8
