@@ -3,6 +3,7 @@
 With no arguments on a CPU machine this is the main job, end to end in one output folder:
 
     accelerate launch recipes/grpo_clinical.py
+    accelerate launch recipes/grpo_clinical.py --model_name_or_path smollm2   # a real LLM with LoRA, <= 45 min
     accelerate launch --config_file accelerate_configs/cpu_ddp.yaml recipes/grpo_clinical.py --max_steps 10
     accelerate launch --config_file accelerate_configs/single_gpu.yaml recipes/grpo_clinical.py \\
         --model_name_or_path Qwen/Qwen3-4B --load_in_4bit --bf16 true --per_device_train_batch_size 16
@@ -10,24 +11,26 @@ With no arguments on a CPU machine this is the main job, end to end in one outpu
 
 Top to bottom:
 1. Arguments: ``ScriptArguments`` (anchors, rollout mode, rewards, warm start, report) + ``GRPOConfig`` +
-   ``ModelConfig`` through ``TrlParser`` (``--config file.yaml`` supported); CPU-friendly defaults.
-2. The environment interface (``--env``).
+   ``ModelConfig`` through ``TrlParser`` (``--config file.yaml`` supported); CPU-friendly defaults, and a named
+   model's own (``recruit_trl.training.MODEL_PRESETS``: ``smollm2``'s are sized for 45 minutes on 2 cores).
+2. The environment interface (``--env``) and its tasks (``--tasks``, default: all of the environment's).
 3. The policy model: ``tiny`` (a warm tiny Qwen3 built locally and cached), ``smollm2`` (from its wheel), or
-   any local folder / cached hub id; LoRA by default, 4-bit QLoRA with ``--load_in_4bit`` (GPU).
-4. Warm start (``--warm_start auto``): the SFT recipe imitates ``--teacher`` (cached in ``<output_dir>/sft``; DAgger
-   rounds, the best round kept);
-   RL continues from that adapter, or, when the warm start fine-tuned every weight (``--sft_full_finetune``,
-   the tiny model's default), trains every weight too (``--rl_full_finetune``, the tiny model's default) or a
-   fresh adapter on it.
+   any local folder / cached hub id, loaded as ``ModelConfig`` says in every stage (dtype, attention,
+   ``--load_in_4bit`` for QLoRA).
+4. Warm start (``--warm_start auto``): the SFT recipe, in-process with this run's ``ModelConfig``, imitates
+   ``--teacher`` (cached in ``<output_dir>/sft``; DAgger rounds, the best round kept). A pretrained model trains a
+   LoRA adapter, which RL continues; the tiny model built here fine-tunes every weight (``--sft_full_finetune
+   auto``) and RL then trains every weight too (``--rl_full_finetune auto``) or a fresh adapter on it.
 5. Anchors: states on tasks x seeds x days, reached by replaying ``--anchor_policy`` (an environment policy) or
    recorded once from the model RL starts from (``--anchor_policy student``: on-policy states); the prompt column
    carries the anchor. Rollouts (``--mode branch|window``; ``--continuation_seeds`` continuations per distinct
    action, the first ``--self_horizon`` days of each played by the policy itself) and rewards (``--reward_funcs``
    x ``--reward_weights``), then ``trainer.train()`` (resumes from the last checkpoint); the adapter is saved to
    ``--output_dir``.
-6. Report (``--report``): the base, SFT and RL models and ``--eval_baselines`` on held-out ``--eval_seeds``
-   (models greedy; those named by ``--eval_sampled`` also sampled at ``--eval_temperature`` / ``--eval_top_p``:
-   rows ``<model>-sampled``);
+6. Report (``--report``): ``--eval_baselines``, and the base, SFT and RL models (``--eval_episodes``: the tiny model),
+   over whole episodes on held-out ``--eval_seeds`` (models greedy; those named by ``--eval_sampled`` also sampled
+   at ``--eval_temperature`` / ``--eval_top_p``: rows ``<model>-sampled``); the decision-level report
+   (``--eval_decisions``: benchmark table and state values on held-out states, every model);
    ``report.json``, PNG plots and a one-screen summary in ``--output_dir``. The baselines (pure Python) run in a
    background process while the warm start traces the teacher, on the core that would otherwise idle.
 """
@@ -62,6 +65,7 @@ from recruit_trl.models import (  # noqa: E402
 from recruit_trl.protocol import get_env_interface  # noqa: E402
 from recruit_trl.rollout import make_rollout  # noqa: E402
 from recruit_trl.training import (  # noqa: E402
+    MODEL_PRESETS,
     ScriptArguments,
     cpu_defaults,
     full_finetune,
@@ -69,8 +73,9 @@ from recruit_trl.training import (  # noqa: E402
     model_defaults,
     model_init_kwargs,
     parse_int_ranges,
-    preset_defaults,
+    preset_name,
     resolve_model_for,
+    with_env_tasks,
 )
 from rewards import get_reward_funcs  # noqa: E402
 
@@ -87,8 +92,9 @@ def main(
     if not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(1, training_args.world_size)))
 
-    # 1. Environment.
+    # 1. Environment (and its tasks, unless --tasks names some).
     interface = get_env_interface(script_args.env)
+    with_env_tasks(script_args, interface)
 
     # 2. Policy model (a local folder).
     t0 = time.perf_counter()
@@ -412,8 +418,10 @@ def parse_args(
     argv: list[str] | None = None, defaults: dict | None = None
 ) -> tuple[ScriptArguments, GRPOConfig, ModelConfig]:
     parser = TrlParser((ScriptArguments, GRPOConfig, ModelConfig))
-    preset = preset_defaults(sys.argv[1:] if argv is None else argv)
-    parser.set_defaults(**{**cpu_defaults(), **model_defaults(), **preset, **(defaults or {})})
+    preset = preset_name(sys.argv[1:] if argv is None else argv)  # e.g. smollm2: defaults sized for its CPU run
+    own = {"output_dir": f"outputs/grpo_clinical_{preset}" if preset else "outputs/grpo_clinical"}
+    preset_values = MODEL_PRESETS[preset] if preset else {}
+    parser.set_defaults(**{**cpu_defaults(), **own, **model_defaults(), **preset_values, **(defaults or {})})
     return parser.parse_args_and_config(args=argv)
 
 

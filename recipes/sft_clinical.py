@@ -50,14 +50,14 @@ from recruit_trl.sft import (
     oversample_rows,
     to_conversational,
 )
-from recruit_trl.training import model_defaults, model_init_kwargs, parse_int_ranges, resolve_model_for
+from recruit_trl.training import model_defaults, model_init_kwargs, parse_int_ranges, resolve_model_for, with_env_tasks
 
 
 @dataclass
 class SFTScriptArguments:
     env: str = field(default="clinical", metadata={"help": "Environment interface (name or module:attr)."})
     tasks: list[str] = field(
-        default_factory=lambda: ["easy_bench", "medium_bench", "hard_bench"], metadata={"help": "Tasks to trace."}
+        default_factory=list, metadata={"help": "Tasks to trace (default: the environment's tasks)."}
     )
     teacher: str = field(default="safe", metadata={"help": "Teacher policy registered by the environment."})
     train_seeds: str = field(default="300-311", metadata={"help": "Reset seeds of the training episodes."})
@@ -132,13 +132,19 @@ class SFTScriptArguments:
     def __post_init__(self):
         if str(self.token_metrics).lower() not in ("auto", "true", "false"):
             raise ValueError(f"--token_metrics must be auto, true or false, not {self.token_metrics!r}")
+        if self.tasks:  # else checked once the environment names its tasks (with_env_tasks)
+            self.check_task_specs()
+        check_drop_candidate(self.drop_candidate, self.contract)
+
+    def check_task_specs(self) -> None:
+        """Raise a clear ``ValueError`` for a task-day spec whose task is not one of ``tasks``."""
         check_oversample(self.oversample, self.tasks)
         check_extra_traces(self.extra_traces, self.tasks)
-        check_drop_candidate(self.drop_candidate, self.contract)
 
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
     interface = get_env_interface(script_args.env)
+    with_env_tasks(script_args, interface)
     out = Path(training_args.output_dir)
     if (out / "heldout_report.json").is_file() and is_trained(out):
         print(f"SFT already finished in {out}; delete the folder to train again")

@@ -87,12 +87,13 @@ def train(script_args, training_args, model_args):
     from recruit_trl.models import keep_4bit_layers_trainable
     from recruit_trl.protocol import get_env_interface
     from recruit_trl.rollout import make_rollout
-    from recruit_trl.training import make_anchor_dataset, model_init_kwargs, resolve_model_for
+    from recruit_trl.training import make_anchor_dataset, model_init_kwargs, resolve_model_for, with_env_tasks
     from rewards import get_reward_funcs
 
     if not torch.cuda.is_available():  # as the recipe: the CPU cores shared by the training processes
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(1, training_args.world_size)))
     interface = get_env_interface(script_args.env)
+    with_env_tasks(script_args, interface)
     model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
     rollout = make_rollout(script_args, interface)

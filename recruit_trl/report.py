@@ -176,6 +176,38 @@ def _save(fig, plt, path: str | Path) -> Path:
     return path
 
 
+def plot_decisions(result: dict[str, Any], path: str | Path) -> Path:
+    """The decision-level report (:func:`recruit_trl.decisions.evaluate_decisions`) as two panels per policy: strict
+    JSON, valid action and teacher match (the majority answer's share as a line), then the state value ± its standard
+    error (paired differences are in the JSON and the summary)."""
+    plt = _pyplot()
+    bench, values = result["benchmark"], result.get("state_value") or {}
+    policies = list(bench)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    width = 0.27
+    for i, (key, label) in enumerate(
+        (("strict_json", "strict JSON"), ("valid", "valid"), ("teacher_match", "teacher"))
+    ):
+        left.bar([x + (i - 1) * width for x in range(len(policies))], [bench[p][key] or 0 for p in policies], width,
+                 label=label)  # fmt: skip
+    majority = next(iter(bench.values()))["majority_baseline"] if bench else None
+    if majority is not None:
+        left.axhline(majority, color="black", linestyle="dashed", linewidth=1, label="majority answer")
+    left.set_xticks(range(len(policies)), policies, rotation=20, fontsize=8)
+    left.set_ylim(0, 1.25)  # room for the legend above the bars
+    left.set_title(f"Benchmark table ({next(iter(bench.values()))['rows'] if bench else 0} held-out decisions)")
+    left.legend(fontsize=7, loc="upper center", ncol=4)
+    named = [p for p in policies if p in values]
+    right.errorbar(range(len(named)), [values[p]["mean"] for p in named], yerr=[values[p]["se"] for p in named],
+                   fmt="o", capsize=4)  # fmt: skip
+    right.set_xticks(range(len(named)), named, rotation=20, fontsize=8)
+    right.set_title("State value of the policy's action (mean ± se)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def write_report(
     output_dir: str | Path, report: dict[str, Any], interface: EnvInterface | None = None
 ) -> dict[str, str]:
@@ -206,6 +238,8 @@ def write_report(
         band = getattr(interface, "reference_band", None)
         for metric in dict.fromkeys(name for r in results for name in curve_names(r)):
             paths[f"{metric}_by_day"] = str(plot_curve(results, metric, out / f"{metric}_by_day.png", band))
+    if report.get("decisions") and report["decisions"].get("benchmark"):
+        paths["decisions"] = str(plot_decisions(report["decisions"], out / "decisions.png"))
     report = {**report, "plots": paths}
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
     paths["report"] = str(out / "report.json")
@@ -269,6 +303,12 @@ def summary(report: dict[str, Any], interface: EnvInterface | None = None) -> st
                 numbers = [at[d] for d in days] + [r[f"{metric}_peak_mean"], r[f"{metric}_mean"]]
                 cells.append(" / ".join(f"{x:.1f}" for x in numbers).rjust(24))
             lines.append(f"{policy:<12}" + " |".join(cells))
+    if report.get("decisions"):
+        from recruit_trl.decisions import format_table
+
+        rows = report["decisions"]["config"]["decisions"]
+        lines += ["", f"decision level: {rows} held-out decisions (greedy, free decoding), state values", ""]
+        lines.append(format_table(report["decisions"]))
     for key in ("seconds", "output_dir"):
         if key in report:
             lines.append(f"{key}: {report[key]}")

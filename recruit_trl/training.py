@@ -63,8 +63,7 @@ class ScriptArguments(RolloutConfig):
     """Recipe arguments beyond ``GRPOConfig`` and ``ModelConfig`` (rollout settings are inherited)."""
 
     tasks: list[str] = field(
-        default_factory=lambda: ["easy_bench", "medium_bench", "hard_bench"],
-        metadata={"help": "Tasks the anchors are drawn from."},
+        default_factory=list, metadata={"help": "Tasks the anchors are drawn from (default: the environment's tasks)."}
     )
     anchor_seeds: str = field(default="100-107", metadata={"help": "Reset seeds of the anchors (0..99 are for eval)."})
     anchor_days: str = field(default="0-170:10", metadata={"help": "Days of the anchors, e.g. 0-170:10."})
@@ -153,16 +152,16 @@ class ScriptArguments(RolloutConfig):
     )
     dagger_rounds: int = field(
         default=1,
-        metadata={"help": "DAgger rounds of the SFT warm start (the model plays, the teacher labels; one: the CPU "
-                  "budget, the best round is kept, see --sft_keep_best_round)."},
+        metadata={"help": "DAgger rounds of the SFT warm start (the model plays, the teacher labels; one: what the "
+                  "CPU main job has time for, the best round is kept, see --sft_keep_best_round)."},
     )  # fmt: skip
     dagger_seeds: str = field(
         default="300-303",
-        metadata={"help": "Reset seeds the model plays in each DAgger round (half the traced seeds: CPU budget)."},
+        metadata={"help": "Reset seeds the model plays in each DAgger round (half the traced seeds: CPU time)."},
     )
     dagger_epochs: float = field(
         default=0.5,
-        metadata={"help": "Epochs over all SFT data so far in each DAgger round (0.5: the CPU budget; rows are "
+        metadata={"help": "Epochs over all SFT data so far in each DAgger round (0.5: for the CPU time; rows are "
                   "reshuffled every round, so each round sees a different half)."},
     )  # fmt: skip
     sft_keep_best_round: bool = field(
@@ -192,7 +191,7 @@ class ScriptArguments(RolloutConfig):
                   "action) for the models, the teacher and the safe agent (recruit_trl.decisions)."},
     )  # fmt: skip
     decision_seeds: str = field(
-        default="500-505", metadata={"help": "Reset seeds of the decision-level report's states (never trained on)."}
+        default="500-507", metadata={"help": "Reset seeds of the decision-level report's states (never trained on)."}
     )
     decision_days: str = field(default="0-150:30", metadata={"help": "Days of the decision-level report's states."})
     decision_rows: int = field(
@@ -213,7 +212,7 @@ class ScriptArguments(RolloutConfig):
         default_factory=list,
         metadata={
             "help": "Models (base, sft, grpo) also evaluated sampled, with --eval_temperature > 0 (none by default: "
-            "each costs as much as a greedy evaluation, and the main job's CPU budget has no room for it)."
+            "each costs as much as a greedy evaluation, and the CPU main job has no time for it)."
         },
     )
     eval_top_p: float = field(
@@ -234,12 +233,27 @@ class ScriptArguments(RolloutConfig):
         for flag in ("sft_full_finetune", "rl_full_finetune", "eval_episodes"):
             if str(getattr(self, flag)).lower() not in ("auto", "true", "false"):
                 raise ValueError(f"--{flag} must be auto, true or false, not {getattr(self, flag)!r}")
-        check_oversample(self.sft_oversample, self.tasks, "--sft_oversample")
-        check_extra_traces(self.sft_extra_traces, self.tasks, "--sft_extra_traces")
+        if self.tasks:  # else checked once the environment names its tasks (with_env_tasks)
+            self.check_task_specs()
         check_drop_candidate(self.sft_drop_candidate, self.contract, "--sft_drop_candidate")
         unknown = set(self.eval_sampled) - {"base", "sft", "grpo"}
         if unknown:
             raise ValueError(f"--eval_sampled takes base, sft and grpo, not {sorted(unknown)}")
+
+    def check_task_specs(self) -> None:
+        """Raise a clear ``ValueError`` for a task-day spec whose task is not one of ``tasks``."""
+        check_oversample(self.sft_oversample, self.tasks, "--sft_oversample")
+        check_extra_traces(self.sft_extra_traces, self.tasks, "--sft_extra_traces")
+
+
+def with_env_tasks(args: Any, interface: EnvInterface) -> Any:
+    """``args`` with ``tasks`` set to the environment's own (``interface.tasks()``) when none were given."""
+    if not args.tasks:
+        args.tasks = list(interface.tasks())
+        check = getattr(args, "check_task_specs", None)
+        if check is not None:
+            check()
+    return args
 
 
 def tiny_corpus_fn(interface: EnvInterface, tasks, episodes_per_task: int, contract: str, recent_k: int):
@@ -400,7 +414,6 @@ def cpu_defaults() -> dict[str, Any]:
     import torch
 
     defaults: dict[str, Any] = {
-        "output_dir": "outputs/grpo_clinical",
         "learning_rate": 3e-5,  # chosen for the tiny model's full fine-tune; a LoRA run wants about 1e-4
         "per_device_train_batch_size": 32,
         "num_generations": 8,
@@ -426,7 +439,6 @@ def cpu_defaults() -> dict[str, Any]:
 # whole episodes), a few GRPO steps on small groups, and decision-level evaluation instead of whole episodes.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "smollm2": {
-        "output_dir": "outputs/grpo_clinical_smollm2",
         "sft_train_seeds": "300-301",
         "sft_max_steps": 16,
         "sft_batch_size": 8,
@@ -443,9 +455,9 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def preset_defaults(argv: Sequence[str]) -> dict[str, Any]:
-    """The :data:`MODEL_PRESETS` entry of the model named on the command line (``--model_name_or_path NAME`` or
-    ``--model_name_or_path=NAME``), else ``{}``."""
+def preset_name(argv: Sequence[str]) -> str | None:
+    """The :data:`MODEL_PRESETS` name of the model named on the command line (``--model_name_or_path NAME`` or
+    ``--model_name_or_path=NAME``), else ``None``."""
     for i, arg in enumerate(argv):
         name = None
         if arg == "--model_name_or_path" and i + 1 < len(argv):
@@ -453,8 +465,9 @@ def preset_defaults(argv: Sequence[str]) -> dict[str, Any]:
         elif arg.startswith("--model_name_or_path="):
             name = arg.split("=", 1)[1]
         if name is not None:
-            return dict(MODEL_PRESETS.get(name.strip().lower(), {}))
-    return {}
+            name = name.strip().lower()
+            return name if name in MODEL_PRESETS else None
+    return None
 
 
 def model_defaults() -> dict[str, Any]:

@@ -24,7 +24,7 @@ ROOT = Path(__file__).parents[1]
 DOCUMENTS = ("README.md", "docs/experiments.md")
 DOCS_TEXT = "\n".join((ROOT / name).read_text() for name in DOCUMENTS)
 BIN = Path(sys.executable).parent
-PROGRAMS = ("python ", "accelerate ", "recruit-trl ", "pip ")
+PROGRAMS = ("python ", "accelerate ", "recruit-trl ", "pip ", "bash ")
 
 
 def readme_commands() -> list[str]:
@@ -55,6 +55,10 @@ COVERAGE = {
     r"accelerate launch recipes/grpo_clinical\.py( \[flags\])?": "run",
     r"accelerate launch --config_file accelerate_configs/\S+\.yaml .*recipes/grpo_clinical\.py.*": "gpu",
     r"accelerate launch recipes/reinforce_clinical\.py": "run",
+    r"accelerate launch recipes/grpo_clinical\.py --model_name_or_path smollm2( --decision_seeds \S+)?": (
+        "tests/test_recipes.py::test_smollm2_trains_one_lora_sft_step_and_one_lora_grpo_step"
+    ),
+    r"bash recipes/gpu_check\.sh( --dry_run)?": "tests/test_gpu_check.py::test_gpu_check_dry_run_writes_measurements",
     r"python recipes/sft_clinical\.py --teacher expert": "tests/test_recipes.py::test_sft_recipe_trains_and_reports",
     r"recruit-trl eval .*": "run",
     r"python -m recruit_trl\.bench_rollout .*": "run",

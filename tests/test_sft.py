@@ -89,10 +89,14 @@ def test_oversampling_repeats_the_chosen_days_of_a_task():
     for bad in ("hard_bench", "hard_bench:137:3", "hard_bench:179-137:3", "hard_bench:1-2:0", ":1-2:2", "h:a-b:2"):
         with pytest.raises(ValueError, match="oversample spec"):
             parse_oversample(bad)
-    from recruit_trl.training import ScriptArguments
+    from recruit_trl.protocol import get_env_interface
+    from recruit_trl.training import ScriptArguments, with_env_tasks
 
     with pytest.raises(ValueError, match="its task is not one of --tasks"):  # a typo would repeat nothing
-        ScriptArguments(sft_oversample=["hardbench:137-179:3"])
+        ScriptArguments(sft_oversample=["hardbench:137-179:3"], tasks=["hard_bench"])
+    unchecked = ScriptArguments(sft_oversample=["hardbench:137-179:3"])  # no --tasks: the environment's, then checked
+    with pytest.raises(ValueError, match="its task is not one of --tasks"):
+        with_env_tasks(unchecked, get_env_interface("clinical"))
 
 
 def test_dropping_candidates_shows_the_same_choices_at_shifted_positions():
@@ -157,7 +161,7 @@ def test_extra_traces_add_the_chosen_days_of_more_episodes():
             parse_extra_traces(bad)
     assert ScriptArguments().sft_extra_traces == []  # off in the main job
     with pytest.raises(ValueError, match="its task is not one of --tasks"):
-        ScriptArguments(sft_extra_traces=["hardbench:137-180:500-501"])
+        ScriptArguments(sft_extra_traces=["hardbench:137-180:500-501"], tasks=["hard_bench"])
 
 
 def test_heldout_report_breaks_the_teacher_match_down_by_task_and_action_type(warm_model):
