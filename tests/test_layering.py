@@ -39,23 +39,23 @@ def sources(package: str) -> list[Path]:
     return paths
 
 
-def test_env_never_imports_recruit_trl():
-    bad = [
+def imports_of(folder: str, package: str) -> list[str]:
+    """``file:line`` of every import of ``package`` in ``folder``'s sources."""
+    return [
         f"{path.relative_to(ROOT)}:{line}"
-        for path in sources("env")
-        for line, package in imported_packages(path)
-        if package == "recruit_trl"
+        for path in sources(folder)
+        for line, imported in imported_packages(path)
+        if imported == package
     ]
+
+
+def test_env_never_imports_recruit_trl():
+    bad = imports_of("env", "recruit_trl")
     assert not bad, f"env/ imports recruit_trl at {bad}"
 
 
 def test_recruit_trl_never_imports_env():
-    bad = [
-        f"{path.relative_to(ROOT)}:{line}"
-        for path in sources("recruit_trl")
-        for line, package in imported_packages(path)
-        if package == "env"
-    ]
+    bad = imports_of("recruit_trl", "env")
     assert not bad, f"recruit_trl/ imports env at {bad}"
     named = [
         f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}"
