@@ -110,9 +110,8 @@ def main(
         background = start_baseline_evals(script_args, training_args, model_args, model_path)
         script_args.sft_adapter = run_warm_start(script_args, training_args, model_args, model_path)
         timings["sft"] = time.perf_counter() - t0
-    model: object = (
-        model_path  # without a warm start: the base model, with a fresh LoRA adapter unless --use_peft false
-    )
+    # Without a warm start: the base model, with a fresh LoRA adapter unless --use_peft false.
+    model: object = model_path
     tokenizer_path = model_path
     peft_config = get_peft_config(model_args)
     if script_args.sft_adapter and is_adapter(script_args.sft_adapter):
