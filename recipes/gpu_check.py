@@ -290,21 +290,6 @@ def versions() -> dict[str, str]:
     }
 
 
-def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write ``payload`` next to ``path`` first, then rename: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the result from other users
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def main(args: argparse.Namespace) -> dict:
     """Build the model, run the GRPO steps, print and write the measurements; return them."""
     check_requirements(args.dry_run)
@@ -313,7 +298,7 @@ def main(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer, BitsAndBytesConfig, set_seed
     from trl import GRPOConfig, GRPOTrainer
 
-    from recruit_trl.models import keep_4bit_layers_trainable
+    from recruit_trl.models import keep_4bit_layers_trainable, write_json_atomic
     from recruit_trl.protocol import get_env_interface
     from recruit_trl.rollout import make_rollout
     from recruit_trl.training import ScriptArguments, make_anchor_dataset
