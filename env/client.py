@@ -29,7 +29,9 @@ Transport: ``transport="http"`` keeps the session in the ``acr_session_id`` cook
 WebSocket protocol on ``/ws``, one connection per env. Every call has a ``timeout``; connection failures are
 retried ``retries`` times with exponential backoff only for idempotent calls (``GET``s and ``reset``, which also
 retries a 503 "session limit reached"). A step is retried only when the connection could not even be opened (the
-request was never sent); once sent, a failure is a ``SessionLostError``.
+request was never sent); once sent, a failure is a ``SessionLostError``. For a server started with ``--token``,
+``token=`` (default: ``$RECRUIT_TRL_TOKEN``) is sent as ``Authorization: Bearer <token>`` on every request of both
+transports; a refusal (401, 403) raises ``RemoteEnvError`` without retrying.
 
 Seeds: our server echoes the seed in ``metadata.seed`` of the reset reply (and ``GET /`` says
 ``"seed_supported": true``). The reference server has no seed over HTTP: when a seed is given and the reply does
@@ -43,6 +45,7 @@ from __future__ import annotations
 import http.cookiejar
 import ipaddress
 import json
+import os
 import time
 import warnings
 from typing import Any
@@ -50,9 +53,18 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-__all__ = ["OBSERVATION_FIELDS", "RemoteEnv", "RemoteEnvError", "SessionLostError", "is_loopback", "split_done"]
+__all__ = [
+    "OBSERVATION_FIELDS",
+    "TOKEN_ENV",
+    "RemoteEnv",
+    "RemoteEnvError",
+    "SessionLostError",
+    "is_loopback",
+    "split_done",
+]
 
 COOKIE_NAME = "acr_session_id"
+TOKEN_ENV = "RECRUIT_TRL_TOKEN"  # the bearer token when none is given explicitly (client and server)
 STOP_ACTION = "stop_recruitment"
 OBSERVATION_FIELDS: tuple[str, ...] = (
     "timestamp", "budget_remaining", "time_to_deadline_days", "enrolled_so_far", "target_enrollment", "task_id",
@@ -125,9 +137,16 @@ def _detail(response: httpx.Response) -> str:
     return str(detail)
 
 
+def _auth_headers(token: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
 class _HttpTransport:
-    def __init__(self, base: str, timeout: float, retries: int, client: httpx.Client | None) -> None:
+    def __init__(
+        self, base: str, timeout: float, retries: int, client: httpx.Client | None, token: str | None = None
+    ) -> None:
         self.base = base.rstrip("/")
+        self.auth = _auth_headers(token)
         self.retries = retries
         self.owned = client is None
         if client is None:
@@ -140,7 +159,7 @@ class _HttpTransport:
         self.sid: str | None = None
 
     def _headers(self) -> dict[str, str]:
-        return {"cookie": f"{COOKIE_NAME}={self.sid}"} if self.sid else {}
+        return {"cookie": f"{COOKIE_NAME}={self.sid}", **self.auth} if self.sid else self.auth
 
     def _retrying(self, method: str, path: str, retry_503: bool = False, **kwargs: Any) -> httpx.Response:
         delay = 0.1
@@ -231,7 +250,7 @@ class _HttpTransport:
         raise RemoteEnvError(f"state failed: HTTP {response.status_code}: {detail}")
 
     def get(self, path: str) -> Any:
-        response = self._retrying("GET", path)
+        response = self._retrying("GET", path, headers=self.auth)
         response.raise_for_status()
         return response.json()
 
@@ -247,10 +266,11 @@ class _HttpTransport:
 
 
 class _WsTransport:
-    def __init__(self, url: str, timeout: float, retries: int) -> None:
+    def __init__(self, url: str, timeout: float, retries: int, token: str | None = None) -> None:
         self.url = url
         self.timeout = timeout
         self.retries = retries
+        self.auth = _auth_headers(token)
         self.conn: Any = None
 
     def _connect(self) -> None:
@@ -262,6 +282,8 @@ class _WsTransport:
             "max_size": 2**24,
             "compression": None,  # observations are small; deflate would cost more CPU than it saves on a LAN
         }
+        if self.auth:
+            kwargs["additional_headers"] = self.auth
         if is_loopback(urlsplit(self.url).hostname):
             kwargs["proxy"] = None
         try:
@@ -296,7 +318,7 @@ class _WsTransport:
         raise RemoteEnvError(f"{what} failed ({code}): {message}")
 
     def reset(self, task: str, seed: int | None, episode_id: str | None) -> tuple[dict, dict]:
-        from websockets.exceptions import WebSocketException
+        from websockets.exceptions import InvalidStatus, WebSocketException
 
         data: dict[str, Any] = {"task_id": task}
         if seed is not None:
@@ -318,6 +340,12 @@ class _WsTransport:
                 break
             except (OSError, TimeoutError, WebSocketException) as exc:
                 self._drop()
+                if isinstance(exc, InvalidStatus) and exc.response.status_code in (400, 401, 403):
+                    # refused by the server's access checks (token, Origin, Host): retrying cannot help
+                    body = exc.response.body.decode("utf-8", "replace") if exc.response.body else ""
+                    raise RemoteEnvError(
+                        f"WebSocket connection refused: HTTP {exc.response.status_code}: {body}"
+                    ) from exc
                 rcvd = getattr(exc, "rcvd", None)
                 if rcvd is not None and rcvd.code == 1013 and attempt >= self.retries:  # server full
                     raise RemoteEnvError(rcvd.reason or "the server's session limit is reached") from exc
@@ -367,7 +395,7 @@ class _WsTransport:
         prefix = parts.path[: -len("/ws")] if parts.path.endswith("/ws") else parts.path
         base = urlunsplit((scheme, parts.netloc, prefix.rstrip("/"), "", ""))
         with httpx.Client(timeout=self.timeout, trust_env=not is_loopback(parts.hostname)) as client:
-            response = client.get(base + path)
+            response = client.get(base + path, headers=self.auth)
             response.raise_for_status()
             return response.json()
 
@@ -399,6 +427,9 @@ class RemoteEnv:
         retries: extra attempts for idempotent calls (GETs and reset) after connection errors.
         http_client: an ``httpx.Client`` to use, with its own timeout (not closed by ``close()``); default: one of
             our own with ``timeout``.
+        token: the bearer token of a server started with ``--token`` (sent as ``Authorization: Bearer ...`` on
+            every request, both transports); default: the ``RECRUIT_TRL_TOKEN`` environment variable; ``""`` sends
+            none.
     """
 
     def __init__(
@@ -409,8 +440,11 @@ class RemoteEnv:
         timeout: float = 30.0,
         retries: int = 3,
         http_client: httpx.Client | None = None,
+        token: str | None = None,
     ) -> None:
         parts = urlsplit(url)
+        if token is None:
+            token = os.environ.get(TOKEN_ENV)
         if transport is None:
             transport = "ws" if parts.scheme in ("ws", "wss") else "http"
         if transport not in ("http", "ws"):
@@ -423,7 +457,7 @@ class RemoteEnv:
         if transport == "http":
             if parts.scheme not in ("http", "https"):
                 raise ValueError(f"an HTTP transport needs an http(s):// URL, got {url!r}")
-            self._t: _HttpTransport | _WsTransport = _HttpTransport(url, timeout, retries, http_client)
+            self._t: _HttpTransport | _WsTransport = _HttpTransport(url, timeout, retries, http_client, token)
         else:
             scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
             if scheme not in ("ws", "wss"):
@@ -431,7 +465,8 @@ class RemoteEnv:
             path = parts.path.rstrip("/")
             if not path.endswith("/ws"):
                 path += "/ws"
-            self._t = _WsTransport(urlunsplit((scheme, parts.netloc, path, parts.query, "")), timeout, retries)
+            ws_url = urlunsplit((scheme, parts.netloc, path, parts.query, ""))
+            self._t = _WsTransport(ws_url, timeout, retries, token)
         self._active = False  # an episode is running
         self._done = False
         self.seed_honored: bool | None = None  # after reset(seed=...): did the server acknowledge the seed?

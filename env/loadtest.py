@@ -11,6 +11,10 @@ end. Each of the ``--sessions`` clients (asyncio tasks, one keep-alive connectio
 run is bounded in count and in time (``--max-seconds``: no new request starts after it, unfinished episodes are
 reported as ``incomplete``). Only loopback URLs are accepted unless ``--allow-remote``.
 
+Every client connects from the same address, so its own server allows one client address every session
+(``--max-sessions-per-client``), and a ``--url`` server is first checked to allow ``--sessions`` per client.
+``--token`` (default ``$RECRUIT_TRL_TOKEN``) is sent to a server started with one.
+
 HTTP clients: ``--client raw`` (default) is a minimal HTTP/1.1 keep-alive client on asyncio streams, so that the
 load generator costs little CPU next to the server on a small machine; ``--client httpx`` uses
 ``httpx.AsyncClient`` instead. WebSocket clients use the ``websockets`` asyncio client.
@@ -38,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from env.client import is_loopback
+from env.client import TOKEN_ENV, is_loopback
 from env.core import ClinicalRecruitmentEnv
 from env.policies import heuristic_policy
 
@@ -73,17 +77,18 @@ class Stats:
 class RawHttp:
     """Minimal HTTP/1.1 keep-alive JSON client (Content-Length framing, one request at a time)."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, token: str | None = None) -> None:
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.cookie = b""
+        self.auth = f"authorization: Bearer {token}\r\n".encode() if token else b""
 
     async def connect(self) -> None:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
 
     async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, Any]:
-        head = f"{method} {path} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n".encode()
+        head = f"{method} {path} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n".encode() + self.auth
         if body:
             head += b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
         elif method == "POST":
@@ -119,10 +124,11 @@ class RawHttp:
 
 
 class HttpxHttp:
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, token: str | None = None) -> None:
         import httpx
 
-        self.client = httpx.AsyncClient(base_url=base, timeout=60.0, trust_env=False)
+        headers = {"authorization": f"Bearer {token}"} if token else None
+        self.client = httpx.AsyncClient(base_url=base, timeout=60.0, trust_env=False, headers=headers)
         self.cookie = ""
 
     async def connect(self) -> None:
@@ -210,12 +216,19 @@ async def client_session(idx: int, args: argparse.Namespace, base: str, stats: S
             from websockets.asyncio.client import connect
 
             scheme = "wss" if parts.scheme == "https" else "ws"
-            conn = await connect(f"{scheme}://{parts.netloc}/ws", max_size=2**24, proxy=None, compression=None)
+            headers = {"authorization": f"Bearer {args.token}"} if args.token else None
+            conn = await connect(
+                f"{scheme}://{parts.netloc}/ws",
+                max_size=2**24,
+                proxy=None,
+                compression=None,
+                additional_headers=headers,
+            )
         elif args.client == "raw":
-            conn = RawHttp(parts.hostname, parts.port or 80)
+            conn = RawHttp(parts.hostname, parts.port or 80, args.token)
             await conn.connect()
         else:
-            conn = HttpxHttp(base)
+            conn = HttpxHttp(base, args.token)
     except Exception as exc:  # noqa: BLE001 - counted and reported
         stats.errors.append(f"session {idx}: connect: {exc!r}")
         return
@@ -250,15 +263,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+def wait_healthy(
+    url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None, token: str | None = None
+) -> None:
     import httpx
 
+    headers = {"authorization": f"Bearer {token}"} if token else None
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"the server exited with status {proc.returncode}")
         try:
-            if httpx.get(url + "/health", timeout=1.0, trust_env=False).status_code == 200:
+            if httpx.get(url + "/health", headers=headers, timeout=1.0, trust_env=False).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -269,8 +285,10 @@ def wait_healthy(url: str, timeout: float = 30.0, proc: subprocess.Popen | None 
 def start_server(max_sessions: int, extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "env.server", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    cmd += ["--max-sessions", str(max_sessions), *(extra or [])]
-    proc = subprocess.Popen(cmd)
+    # every client of the load test connects from 127.0.0.1: one client address may hold every session
+    cmd += ["--max-sessions", str(max_sessions), "--max-sessions-per-client", str(max_sessions), *(extra or [])]
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}  # a loopback server of our own needs no token
+    proc = subprocess.Popen(cmd, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc=proc)
@@ -279,6 +297,20 @@ def start_server(max_sessions: int, extra: list[str] | None = None) -> tuple[sub
         proc.wait(10)
         raise
     return proc, url
+
+
+def check_room(url: str, args: argparse.Namespace) -> None:
+    """Exit with a clear message if the server's per-client session cap cannot hold ``--sessions`` clients."""
+    import httpx
+
+    headers = {"authorization": f"Bearer {args.token}"} if args.token else None
+    info = httpx.get(url + "/", headers=headers, timeout=10.0, trust_env=False).json()
+    cap = info.get("max_sessions_per_client")
+    if isinstance(cap, int) and cap < args.sessions:
+        raise SystemExit(
+            f"the server at {url} allows {cap} sessions per client and every load-test client comes from one "
+            f"address: start it with --max-sessions-per-client {args.sessions} (or more), or lower --sessions"
+        )
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -332,7 +364,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         host = urlsplit(url).hostname
         if not is_loopback(host) and not args.allow_remote:
             raise SystemExit(f"refusing non-loopback URL {url!r} (pass --allow-remote to load a remote server)")
-        wait_healthy(url.rstrip("/"), timeout=10.0)
+        wait_healthy(url.rstrip("/"), timeout=10.0, token=args.token)
+        check_room(url.rstrip("/"), args)
     url = url.rstrip("/")
     stats = Stats()
     server_cpu0 = cpu_seconds(proc.pid) if proc else None
@@ -443,11 +476,14 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed-base", type=int, default=0)
     p.add_argument("--json", default=None, metavar="FILE", help="also write the JSON report here")
     p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --url")
+    p.add_argument("--token", default=None, help=f"bearer token of a --url server (default: ${TOKEN_ENV})")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
+    if args.token is None:
+        args.token = os.environ.get(TOKEN_ENV) or None
     if not 1 <= args.sessions <= 4096 or not 1 <= args.episodes_per_session <= 1000 or args.max_seconds <= 0:
         raise SystemExit("--sessions must be in 1..4096, --episodes-per-session in 1..1000, --max-seconds > 0")
     from env.tasks import get_task

@@ -7,7 +7,8 @@ Contract (the reference's routes and shapes, so its clients work unchanged; spec
 
 * ``GET /`` -> ``{name, version, status, tasks, active_sessions, max_sessions, web_interface_enabled: false,
   web_interface_path: null, web_interface_error: null}`` plus our additions ``seed_supported: true``,
-  ``server: "recruit_trl"``, ``websocket_path: "/ws"`` (clients use them to recognise this server).
+  ``server: "recruit_trl"``, ``websocket_path: "/ws"`` (clients use them to recognise this server) and
+  ``max_sessions_per_client``.
 * ``GET /health`` -> ``{"status": "healthy"}``; ``GET /tasks`` -> the 3 public tasks.
 * ``POST /reset?task_id=...&seed=...`` (or a JSON body ``{"task_id", "seed", "episode_id"}``; query parameters
   win) -> the flat observation (every observation field at the top level) plus ``done: false``, ``reward: 0.0``
@@ -25,25 +26,37 @@ Contract (the reference's routes and shapes, so its clients work unchanged; spec
   ``{"type": "reset"|"step"|"state"|"close", "data": {...}}``; replies
   ``{"type": "observation", "data": {"observation", "reward", "done", "metadata"}}``,
   ``{"type": "state", "data": {...}}`` or ``{"type": "error", "data": {"message", "code"[, "errors"]}}`` with
-  codes ``INVALID_JSON``, ``UNKNOWN_TYPE``, ``VALIDATION_ERROR`` (bad action, task or seed: the episode is
-  unchanged), ``EXECUTION_ERROR`` (no episode yet, episode already done), ``RATE_LIMITED``, ``MESSAGE_TOO_LARGE``
-  and ``CAPACITY_REACHED`` (sent before the server closes the connection with code 1013). Unlike the reference,
-  ``metadata`` (info, reward breakdown, final score) is kept on WebSocket observations.
+  codes ``INVALID_JSON``, ``UNKNOWN_TYPE``, ``VALIDATION_ERROR`` (bad action, task, seed or reset data: the
+  episode is unchanged), ``EXECUTION_ERROR`` (no episode yet, episode already done), ``RATE_LIMITED``,
+  ``MESSAGE_TOO_LARGE`` (over ``max_body_bytes``; the transport accepts frames up to about twice that so that the
+  app can answer, and closes the connection with 1009 above it) and ``CAPACITY_REACHED`` (sent before the server
+  closes the connection with code 1013). Unlike the reference, ``metadata`` (info, reward breakdown, final score)
+  is kept on WebSocket observations.
 
 Errors (HTTP): 400 ``{"detail": "No active session. Call /reset first."}`` without a cookie; 400
 ``{"detail": "Session expired or missing. Call /reset first."}`` for an unknown or expired cookie; 400
 ``{"detail": "Unknown task: ..."}`` (the caller's existing session is kept); 422 with FastAPI's ``detail`` list
 for schema violations (``confidence`` > 1, unknown ``action_type``, a wrapped ``{"action": {...}}`` body, invalid
-JSON, NaN, a non-JSON content type); 413 for bodies over ``max_body_bytes``; 429 when the optional per-session
-rate limit is exceeded (rejected calls do not count); 503 ``{"detail": "Session limit reached (N). Retry later or
-raise --max-sessions."}`` when every session slot is taken by a live session (expired ones are reaped first; a
-running episode is never evicted). Semantic action errors are not HTTP errors: 200 with
-``metadata.info.last_action_error``, exactly like the in-process env.
+JSON, NaN, numbers beyond a float, integers over 4300 digits, a ``token_cost`` of 2**63 or more, a string with a
+lone surrogate such as ``"\\ud800"``, a non-JSON content type); 413 for bodies over ``max_body_bytes``; 429 when
+the optional per-session rate limit is exceeded (rejected calls do not count); 503 ``{"detail": "Session limit
+reached (N). Retry later or raise --max-sessions."}`` when every session slot is taken by a live session (expired
+ones are reaped first; a running episode is never evicted), or the caller's address holds its
+``max_sessions_per_client``. Semantic action errors are not HTTP errors: 200 with
+``metadata.info.last_action_error``, exactly like the in-process env. Replies always encode (a lone surrogate
+would be written as its ``\\u`` escape).
+
+Access (:class:`AccessGuard`, every route, both transports): 400 for a ``Host`` header naming a host other than
+``localhost``, an IP address or ``allowed_hosts`` (DNS rebinding); 403 for an ``Origin`` header (a browser page)
+other than the server's own origin, ``allowed_origins`` or ``cors_origins``; 401 without
+``Authorization: Bearer <token>`` when ``token`` is set (``--token`` or ``$RECRUIT_TRL_TOKEN``; a WebSocket may
+send ``?token=``). The command line refuses a non-loopback ``--host`` without a token.
 
 Sessions: isolated per client, idle expiry after ``session_ttl`` seconds (checked on every request and by a
-periodic reaper), at most ``max_sessions`` (WebSocket connections included), each with its own lock so that
-concurrent requests on one session are serialised. A WebSocket session lives as long as its connection (an idle
-one is closed after ``session_ttl``). Seeds are integers with ``|seed| < 2**63``.
+periodic reaper), at most ``max_sessions`` (WebSocket connections included) and ``max_sessions_per_client`` per
+remote address (default: half of ``max_sessions``), each with its own lock so that concurrent requests on one
+session are serialised. A WebSocket session lives as long as its connection (an idle one is closed after
+``session_ttl``). Seeds are integers with ``|seed| < 2**63``.
 
 Speed: environment steps run on the event loop (a step takes tens of microseconds, less than a thread hand-off);
 replies are serialised straight from the env's plain dicts (no pydantic models on the hot path; orjson if
@@ -58,10 +71,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hmac
 import inspect
 import ipaddress
 import json
 import logging
+import math
+import os
 import sys
 import threading
 import time
@@ -71,6 +87,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import Response
@@ -78,6 +95,7 @@ from pydantic import ValidationError
 from starlette.requests import cookie_parser
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from env.client import TOKEN_ENV, is_loopback
 from env.core import ClinicalRecruitmentEnv
 from env.models import Action, validate_action
 from env.tasks import PUBLIC_TASK_IDS, TASKS, get_task
@@ -96,29 +114,103 @@ except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+# A lone surrogate has no UTF-8 form, but its \uXXXX escape is valid JSON in plain ASCII.
+_ASCII_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False)
 
 
 def dumps(obj: Any) -> bytes:
-    """Compact JSON bytes (the float text is Python's shortest round-trip repr, as in the reference)."""
+    """Compact JSON bytes (the float text is Python's shortest round-trip repr, as in the reference).
+
+    Always encodable: a string with a lone surrogate is written as a ``\\uXXXX`` escape instead of failing.
+    """
     if _orjson is not None:
-        return _orjson.dumps(obj)
-    return _ENCODER.encode(obj).encode()
+        try:
+            return _orjson.dumps(obj)
+        except TypeError:  # orjson.JSONEncodeError, e.g. a lone surrogate: the encoders below handle it
+            pass
+    try:
+        return _ENCODER.encode(obj).encode()
+    except UnicodeEncodeError:
+        return _ASCII_ENCODER.encode(obj).encode()
 
 
 def dumps_text(obj: Any) -> str:
-    """:func:`dumps` as text (WebSocket text frames)."""
-    if _orjson is not None:
-        return _orjson.dumps(obj).decode()
-    return _ENCODER.encode(obj)
+    """:func:`dumps` as text (WebSocket text frames); always encodable as UTF-8 by the transport."""
+    return dumps(obj).decode()
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses as inf, which no JSON reply could carry
+        raise ValueError(f"number out of range: {text[:40]}")
+    return value
+
+
 def loads(data: bytes | str) -> Any:
-    """Strict JSON: NaN/Infinity are rejected (they cannot be sent back in a JSON error)."""
-    return json.loads(data, parse_constant=_reject_constant)
+    """Strict JSON: NaN/Infinity and out-of-range numbers are rejected (they cannot be sent back in a JSON error),
+    and so are integers over Python's 4300-digit conversion limit (``ValueError``)."""
+    return json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def find_lone_surrogate(value: Any) -> tuple[list, str] | None:
+    """``(path, string)`` of a string, or object key, holding a lone surrogate in parsed JSON; else None.
+
+    Such strings come from ``\\ud800``-style escapes. They cannot be encoded as UTF-8, so a reply echoing one
+    would fail; they are refused at input instead.
+    """
+    stack: list[tuple[list, Any]] = [([], value)]
+    while stack:  # iterative: the parser accepts deeper nesting than a recursive walk would
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if _has_surrogate(item):
+                return path, item
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if _has_surrogate(key):
+                    return [*path, _printable(key)], key
+                stack.append(([*path, key], child))
+        elif isinstance(item, list):
+            stack.extend(([*path, i], child) for i, child in enumerate(item))
+    return None
+
+
+def _has_surrogate(text: str) -> bool:
+    if text.isascii():
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "replace").decode()
+
+
+def check_surrogates(value: Any, raw: bytes | str, prefix: tuple) -> None:
+    """Raise ApiError(422, VALIDATION_ERROR) if the parsed JSON ``value`` (parsed from ``raw``) holds a lone
+    surrogate. Only an escape, or a non-ASCII byte (bytes are decoded with ``surrogatepass``), can produce one, so
+    the usual ASCII document without escapes is not walked."""
+    if isinstance(raw, str):
+        suspect = "\\u" in raw or not raw.isascii()
+    else:
+        suspect = b"\\u" in raw or not raw.isascii()
+    found = find_lone_surrogate(value) if suspect else None
+    if found is None:
+        return
+    path, text = found
+    detail = {
+        "type": "string_unicode",
+        "loc": [*prefix, *path],
+        "msg": "Input should be a valid string: lone surrogates (\\ud800-\\udfff) are not valid Unicode",
+        "input": _printable(text),
+    }
+    raise ApiError(422, [detail], "VALIDATION_ERROR")
 
 
 def _version() -> str:
@@ -146,10 +238,24 @@ class ServerSettings:
     cookie_secure: bool = False  # add "Secure" to the session cookie (behind HTTPS)
     cors_origins: tuple[str, ...] = ()  # e.g. ("*",); empty = no CORS headers
     step_fast_path: bool = True  # serve POST /step without FastAPI's routing layer (same code, less overhead)
+    # Live sessions per client address; None = half of max_sessions (at least 1). Behind a proxy every client
+    # shares the proxy's address.
+    max_sessions_per_client: int | None = None
+    # Browser pages whose Origin may call the server (besides same-origin ones and the CORS origins); "*" = any.
+    allowed_origins: tuple[str, ...] = ()
+    # Host names accepted in the Host header besides "localhost" and IP literals (DNS rebinding); "*" = any.
+    allowed_hosts: tuple[str, ...] = ()
+    token: str | None = None  # bearer token required on every route; None = no authentication
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
             raise ValueError("max_sessions must be >= 1")
+        if self.max_sessions_per_client is None:
+            self.max_sessions_per_client = max(1, self.max_sessions // 2)
+        if self.max_sessions_per_client < 1:
+            raise ValueError("max_sessions_per_client must be >= 1")
+        if self.token is not None and not self.token:
+            raise ValueError("token must not be empty")
         if self.session_ttl <= 0 or self.reaper_interval <= 0:
             raise ValueError("session_ttl and reaper_interval must be > 0")
         if self.rate_limit < 0:
@@ -159,17 +265,18 @@ class ServerSettings:
 
 
 class SessionLimitError(Exception):
-    pass
+    """Every session slot, or every slot this client may hold, is taken by a live session."""
 
 
 class Session:
     """One client's episode: its own env, lock, replay window and (optional) rate-limit window."""
 
-    __slots__ = ("sid", "kind", "env", "lock", "last_used", "episode_id", "recent", "stamps", "closer")
+    __slots__ = ("sid", "kind", "client", "env", "lock", "last_used", "episode_id", "recent", "stamps", "closer")
 
-    def __init__(self, sid: str, kind: str, now: float) -> None:
+    def __init__(self, sid: str, kind: str, now: float, client: str = "") -> None:
         self.sid = sid
         self.kind = kind  # "http" or "ws"
+        self.client = client  # the remote address, for the per-client cap
         self.env: ClinicalRecruitmentEnv | None = None
         self.lock = asyncio.Lock()
         self.last_used = now
@@ -185,29 +292,44 @@ class Session:
 
 
 class SessionStore:
-    """In-memory sessions with idle expiry and a hard cap. Never evicts a live session."""
+    """In-memory sessions with idle expiry, a hard cap and a cap per client address. Never evicts a live session."""
 
-    def __init__(self, max_sessions: int, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_sessions: int,
+        ttl: float,
+        clock: Callable[[], float] = time.monotonic,
+        max_per_client: int | None = None,
+    ) -> None:
         self.max_sessions = max_sessions
+        self.max_per_client = max_per_client or max_sessions
         self.ttl = ttl
         self.clock = clock
         self._sessions: dict[str, Session] = {}
+        self._per_client: dict[str, int] = {}
         self._mutex = threading.Lock()  # the app runs on one event loop; this guards embedders using threads
 
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def create(self, kind: str) -> Session:
+    def create(self, kind: str, client: str = "") -> Session:
+        """A new session for the remote address ``client``; SessionLimitError if the server or the client is full."""
         now = self.clock()
         with self._mutex:
-            if len(self._sessions) >= self.max_sessions:
+            if len(self._sessions) >= self.max_sessions or self._per_client.get(client, 0) >= self.max_per_client:
                 self._reap_locked(now)
             if len(self._sessions) >= self.max_sessions:
                 raise SessionLimitError(
                     f"Session limit reached ({self.max_sessions}). Retry later or raise --max-sessions."
                 )
+            if self._per_client.get(client, 0) >= self.max_per_client:
+                raise SessionLimitError(
+                    f"Session limit per client ({self.max_per_client}) reached for {client or 'this client'}. "
+                    "Close a session, retry later or raise --max-sessions-per-client."
+                )
             sid = uuid.uuid4().hex
-            session = self._sessions[sid] = Session(sid, kind, now)
+            session = self._sessions[sid] = Session(sid, kind, now, client)
+            self._per_client[client] = self._per_client.get(client, 0) + 1
             return session
 
     def get(self, sid: str, kind: str = "http") -> Session | None:
@@ -224,7 +346,17 @@ class SessionStore:
 
     def delete(self, sid: str) -> Session | None:
         with self._mutex:
-            return self._sessions.pop(sid, None)
+            session = self._sessions.pop(sid, None)
+            if session is not None:
+                self._release_locked(session)
+            return session
+
+    def _release_locked(self, session: Session) -> None:
+        left = self._per_client[session.client] - 1
+        if left:
+            self._per_client[session.client] = left
+        else:
+            del self._per_client[session.client]
 
     def reap(self) -> int:
         """Delete every expired session; returns how many."""
@@ -235,6 +367,7 @@ class SessionStore:
         expired = [s for s in self._sessions.values() if now - s.last_used > self.ttl]
         for session in expired:
             del self._sessions[session.sid]
+            self._release_locked(session)
             if session.closer is not None:
                 session.closer()
         return len(expired)
@@ -261,8 +394,12 @@ class ApiError(Exception):
             return self.detail
         parts = []
         for err in self.detail:
-            field = ".".join(str(p) for p in err.get("loc", ())[1:]) or "action"
-            parts.append(f"invalid action field '{field}': {err.get('msg')} (got {err.get('input')!r})")
+            loc = [str(p) for p in err.get("loc", ())]
+            if loc[:1] == ["body"]:  # an action field, named as the in-process env names it
+                what = "action field '" + (".".join(loc[1:]) or "action") + "'"
+            else:
+                what = "field '" + ".".join(loc) + "'"
+            parts.append(f"invalid {what}: {err.get('msg')} (got {err.get('input')!r})")
         return "; ".join(parts)
 
 
@@ -278,12 +415,17 @@ def _validation_errors(exc: ValidationError, prefix: tuple = ("body",)) -> list[
     return out
 
 
-def _jsonable(value: Any) -> Any:
-    """Make an error item JSON-safe (bytes -> text, unknown objects -> str)."""
+ECHO_DEPTH = 16  # echoed inputs are cut below this depth: deeper ones would overflow the recursion of the encoders
+
+
+def _jsonable(value: Any, depth: int = 0) -> Any:
+    """Make an error item JSON-safe (bytes -> text, unknown objects -> str, nesting cut at ``ECHO_DEPTH``)."""
+    if isinstance(value, dict | list | tuple) and depth >= ECHO_DEPTH:
+        return "..."
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [_jsonable(v, depth + 1) for v in value]
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, float) and value != value:  # NaN
@@ -293,28 +435,61 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+INT64_LIMIT = 2**63
+
+
 def check_action(payload: Any) -> dict[str, Any]:
-    """Validate an action payload; raise ApiError(422) with FastAPI's ``detail`` list on a schema violation."""
+    """Validate an action payload; raise ApiError(422) with FastAPI's ``detail`` list on a schema violation.
+
+    Beyond the schema, ``token_cost`` must be below ``2**63``: the env adds it up and converts the total to a float,
+    which overflows for integers of a few hundred digits.
+    """
+    action = None
     if isinstance(payload, dict):
         try:
-            return validate_action(payload)
-        except ValueError:
+            action = validate_action(payload)
+        except (ValueError, OverflowError):  # OverflowError: an integer confidence too large for a float
             pass
-    try:
-        return Action.model_validate(payload, from_attributes=True).model_dump()
-    except ValidationError as exc:
-        raise ApiError(422, _validation_errors(exc), "VALIDATION_ERROR") from None
+    if action is None:
+        try:
+            action = Action.model_validate(payload, from_attributes=True).model_dump()
+        except ValidationError as exc:
+            raise ApiError(422, _validation_errors(exc), "VALIDATION_ERROR") from None
+    token_cost = action["token_cost"]
+    if token_cost is not None and token_cost >= INT64_LIMIT:
+        msg = "Input should be less than 2**63 (a 64-bit integer)"
+        detail = {"type": "less_than", "loc": ["body", "token_cost"], "msg": msg, "input": token_cost}
+        raise ApiError(422, [detail], "VALIDATION_ERROR")
+    return action
 
 
-def check_task(task_id: Any) -> str:
-    """The task id (``None`` -> ``easy_bench``; stage ids accepted); 400 with the env's message if unknown."""
+def check_task(task_id: Any, loc: tuple = ("body", "task_id")) -> str:
+    """The task id (``None`` -> ``easy_bench``; stage ids accepted); 400 with the env's message if unknown, 422 if
+    not a string."""
+    if task_id is not None and not isinstance(task_id, str):
+        raise ApiError(422, [_string_type_error(task_id, loc)], "VALIDATION_ERROR")
     try:
         return get_task(task_id).task_id
     except ValueError as exc:
         raise ApiError(400, str(exc), "VALIDATION_ERROR") from None
 
 
-SEED_LIMIT = 2**63
+def check_episode_id(episode_id: Any, loc: tuple) -> str | None:
+    """``None``, a string, or a number or boolean as text; 422 for objects and arrays."""
+    if episode_id is None or isinstance(episode_id, str):
+        return episode_id
+    if isinstance(episode_id, int | float):  # bool included
+        return str(episode_id)
+    raise ApiError(422, [_string_type_error(episode_id, loc)], "VALIDATION_ERROR")
+
+
+def _string_type_error(value: Any, loc: tuple) -> dict[str, Any]:
+    return _jsonable(
+        {"type": "string_type", "loc": list(loc), "msg": "Input should be a valid string", "input": value}
+    )
+
+
+SEED_LIMIT = INT64_LIMIT
 
 
 def check_seed(seed: Any, loc: tuple) -> int | None:
@@ -550,11 +725,115 @@ class _BodyTooLarge(Exception):
     pass
 
 
-async def _send_json(send: Callable, status: int, content: Any) -> None:
+async def _send_json(send: Callable, status: int, content: Any, headers: dict[str, str] | None = None) -> None:
     body = dumps(content)
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw_headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class AccessGuard:
+    """Refuse, before any route runs (HTTP and WebSocket), requests that should not reach the server:
+
+    * 400 for a ``Host`` header naming a host other than ``localhost`` or one of ``allowed_hosts``. IP literals
+      pass: DNS rebinding (a hostile page whose own name is re-pointed at this machine) needs a host name.
+    * 403 for an ``Origin`` header (a page in a browser) that is not this server's own origin, one of
+      ``allowed_origins`` or one of the CORS origins. Scripts and trainers send no Origin and pass.
+    * 401 without ``Authorization: Bearer <token>`` when a token is set; a WebSocket may pass ``?token=<token>``
+      instead, for clients that cannot set headers on it.
+
+    A refused WebSocket gets the HTTP error as its handshake reply where the server supports it, else close 1008.
+    """
+
+    def __init__(self, app: Any, settings: ServerSettings) -> None:
+        self.app = app
+        self.any_host = "*" in settings.allowed_hosts
+        self.hosts = {"localhost", *(h.lower() for h in settings.allowed_hosts)}
+        origins = (*settings.allowed_origins, *settings.cors_origins)
+        self.any_origin = "*" in origins
+        self.origins = {o.rstrip("/").lower() for o in origins}
+        self.token = settings.token.encode() if settings.token else None
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        host = origin = auth = None
+        for name, value in scope["headers"]:
+            if name == b"host":
+                host = value.decode("latin-1")
+            elif name == b"origin":
+                origin = value.decode("latin-1")
+            elif name == b"authorization":
+                auth = value
+        refusal = self.refusal(scope, host, origin, auth)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        status, detail = refusal
+        headers = {"www-authenticate": "Bearer"} if status == 401 else None
+        if scope["type"] == "http":
+            await _send_json(send, status, {"detail": detail}, headers)
+        else:
+            await _deny_websocket(scope, receive, send, status, {"detail": detail}, headers)
+
+    def refusal(self, scope: dict, host: str | None, origin: str | None, auth: bytes | None) -> tuple[int, str] | None:
+        """``(status, detail)`` if the request must be refused, else None."""
+        if host is not None and not self.any_host and not self._host_ok(host):
+            return 400, f"Host not allowed: {host!r}. Use localhost or an IP address, or start with --allowed-hosts."
+        if origin is not None and not self.any_origin and not self._origin_ok(origin, host):
+            return 403, f"Origin not allowed: {origin!r}. Start the server with --allowed-origins to allow it."
+        if self.token is not None and not self._token_ok(scope, auth):
+            return 401, "Missing or invalid token: send the header 'Authorization: Bearer <token>'."
+        return None
+
+    def _host_ok(self, host: str) -> bool:
+        value = host.strip().lower()
+        if value.startswith("["):  # [IPv6]:port
+            name = value[1:].partition("]")[0]
+        else:
+            name = value.rpartition(":")[0] if ":" in value else value
+        name = name.rstrip(".")
+        if name in self.hosts:
+            return True
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return True
+
+    def _origin_ok(self, origin: str, host: str | None) -> bool:
+        value = origin.strip().rstrip("/").lower()
+        if value in self.origins:
+            return True
+        netloc = urlsplit(value).netloc if "://" in value else ""
+        return bool(netloc) and host is not None and netloc == host.strip().lower()  # a page served by us
+
+    def _token_ok(self, scope: dict, auth: bytes | None) -> bool:
+        token = self.token
+        if auth is not None:
+            scheme, _, value = auth.strip().partition(b" ")
+            if scheme.lower() == b"bearer" and hmac.compare_digest(value.strip(), token):
+                return True
+        if scope["type"] == "websocket":
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            return any(hmac.compare_digest(value.encode(), token) for value in query.get("token", ()))
+        return False
+
+
+async def _deny_websocket(
+    scope: dict, receive: Callable, send: Callable, status: int, content: Any, headers: dict[str, str] | None
+) -> None:
+    await receive()  # websocket.connect
+    if "websocket.http.response" in (scope.get("extensions") or {}):
+        body = dumps(content)
+        raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        raw_headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+        await send({"type": "websocket.http.response.start", "status": status, "headers": raw_headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1008})
 
 
 def _json_response(content: Any, status: int = 200, headers: dict | None = None) -> Response:
@@ -579,7 +858,7 @@ def parse_json_body(body: bytes, content_type: str | None) -> Any:
     if not _is_json_content_type(content_type):
         return body  # validated as the action -> 422 model_attributes_type, like FastAPI
     try:
-        return loads(body)
+        value = loads(body)
     except json.JSONDecodeError as exc:
         detail = {"type": "json_invalid", "loc": ["body", exc.pos], "msg": "JSON decode error", "input": {}}
         detail["ctx"] = {"error": exc.msg}
@@ -588,6 +867,8 @@ def parse_json_body(body: bytes, content_type: str | None) -> Any:
         detail = {"type": "json_invalid", "loc": ["body", 0], "msg": "JSON decode error", "input": {}}
         detail["ctx"] = {"error": str(exc) or type(exc).__name__}
         raise ApiError(422, [detail], "INVALID_JSON") from None
+    check_surrogates(value, body, ("body",))
+    return value
 
 
 async def _json_body(request: Request) -> Any:
@@ -694,7 +975,7 @@ def _fastapi_kwargs() -> dict[str, Any]:
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
     """Build the FastAPI app. Each app has its own session store (``app.state.sessions``)."""
     settings = settings or ServerSettings()
-    store = SessionStore(settings.max_sessions, settings.session_ttl)
+    store = SessionStore(settings.max_sessions, settings.session_ttl, max_per_client=settings.max_sessions_per_client)
     version = _version()
     secure = settings.cookie_secure
 
@@ -724,10 +1005,12 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.sessions = store
-    # add_middleware wraps: the last one added is the outermost (CORS must also cover the /step fast path)
+    # add_middleware wraps: the last one added is the outermost. CORS must also cover the /step fast path and the
+    # guard's refusals (so a page can read them), and answers preflights, which carry no token, itself.
     if settings.step_fast_path:
         app.add_middleware(StepFastPath, store=store, settings=settings)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(AccessGuard, settings=settings)
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -786,6 +1069,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                 "tasks": list(PUBLIC_TASK_IDS),
                 "active_sessions": len(store),
                 "max_sessions": settings.max_sessions,
+                "max_sessions_per_client": settings.max_sessions_per_client,
                 "web_interface_enabled": False,
                 "web_interface_path": None,
                 "web_interface_error": None,
@@ -823,26 +1107,28 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                     task_id = body.get("task_id")
                 if seed is None:
                     seed = check_seed(body.get("seed"), ("body", "seed"))
-                episode_id = body.get("episode_id")
-                if episode_id is not None and not isinstance(episode_id, str):
-                    episode_id = str(episode_id)
+                episode_id = check_episode_id(body.get("episode_id"), ("body", "episode_id"))
             task = check_task(task_id)  # before touching any session: an unknown task keeps the old one alive
             old_sid = request.cookies.get(COOKIE_NAME)
             old = store.get(old_sid) if old_sid else None
             if old is not None:  # replace the caller's session (a new id, like the reference)
                 async with old.lock:
                     store.delete(old.sid)
-            session = store.create("http")
-            async with session.lock:
-                obs, meta = do_reset(session, task, seed, episode_id)
+            session = store.create("http", _client_address(request.scope))
         except ApiError as exc:
             return _error_response(exc)
         except SessionLimitError as exc:
             return _json_response({"detail": str(exc)}, 503, {"Retry-After": "1"})
-        obs["done"] = False
-        obs["reward"] = 0.0
-        obs["metadata"] = meta
-        response = _json_response(obs)
+        try:
+            async with session.lock:
+                obs, meta = do_reset(session, task, seed, episode_id)
+            obs["done"] = False
+            obs["reward"] = 0.0
+            obs["metadata"] = meta
+            response = _json_response(obs)
+        except BaseException:  # no cookie goes out, so nobody could ever use or free this slot
+            store.delete(session.sid)
+            raise
         _set_cookie(response, session.sid, secure)
         return response
 
@@ -882,7 +1168,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     async def ws(websocket: WebSocket) -> None:
         await websocket.accept()
         try:
-            session = store.create("ws")
+            session = store.create("ws", _client_address(websocket.scope))
         except SessionLimitError as exc:
             await websocket.send_text(_ws_error(str(exc), "CAPACITY_REACHED"))
             await websocket.close(code=1013, reason=str(exc)[:120])
@@ -902,6 +1188,12 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             store.delete(session.sid)
 
     return app
+
+
+def _client_address(scope: dict) -> str:
+    """The remote address the per-client session cap counts by."""
+    client = scope.get("client")
+    return str(client[0]) if client else ""
 
 
 def _ws_error(message: str, code: str, errors: Any = None) -> str:
@@ -942,6 +1234,7 @@ async def _ws_loop(websocket: WebSocket, session: Session, store: SessionStore, 
         kind = msg.get("type")
         data = msg.get("data")
         try:
+            check_surrogates(msg, raw, ())
             if kind == "step":
                 async with session.lock:
                     obs, reward, done, meta = do_step(session, data if data is not None else {}, rate_limit)
@@ -950,12 +1243,19 @@ async def _ws_loop(websocket: WebSocket, session: Session, store: SessionStore, 
                     "data": {"observation": obs, "reward": reward, "done": done, "metadata": meta},
                 }
             elif kind == "reset":
-                data = data if isinstance(data, dict) else {}
-                task = check_task(data.get("task_id", data.get("task")))
+                if data is None:
+                    data = {}
+                if not isinstance(data, dict):
+                    raise ApiError(
+                        422,
+                        f"Reset data must be a JSON object (task_id, seed, episode_id), got {type(data).__name__}.",
+                        "VALIDATION_ERROR",
+                    )
+                task = check_task(data.get("task_id", data.get("task")), ("data", "task_id"))
                 seed = check_seed(data.get("seed"), ("data", "seed"))
-                episode_id = data.get("episode_id")
+                episode_id = check_episode_id(data.get("episode_id"), ("data", "episode_id"))
                 async with session.lock:
-                    obs, meta = do_reset(session, task, seed, None if episode_id is None else str(episode_id))
+                    obs, meta = do_reset(session, task, seed, episode_id)
                 reply = {
                     "type": "observation",
                     "data": {"observation": obs, "reward": 0.0, "done": False, "metadata": meta},
@@ -995,14 +1295,35 @@ def build_arg_parser() -> argparse.ArgumentParser:
         prog="python -m env.server",
         description="Serve the clinical recruitment environment over HTTP (reference routes) and WebSocket (/ws).",
     )
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; the server has no auth)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others need a token)")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--token",
+        default=None,
+        help=f"bearer token required on every route (default: ${TOKEN_ENV}; required for a non-loopback --host)",
+    )
     p.add_argument("--max-sessions", type=int, default=d.max_sessions, help="live sessions, HTTP + WebSocket")
+    p.add_argument(
+        "--max-sessions-per-client",
+        type=int,
+        default=None,
+        help="live sessions per client address (default: half of --max-sessions)",
+    )
     p.add_argument("--session-ttl", type=float, default=d.session_ttl, help="idle seconds before a session expires")
     p.add_argument("--reaper-interval", type=float, default=d.reaper_interval, help="seconds between expiry sweeps")
     p.add_argument("--rate-limit", type=float, default=d.rate_limit, help="steps/s per session; 0 (default) = none")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="request body / WS message limit")
     p.add_argument("--cors-origins", default="", help="comma-separated allowed origins (e.g. '*'); default none")
+    p.add_argument(
+        "--allowed-origins",
+        default="",
+        help="comma-separated browser origins allowed to call the server (default: none; '*' = any)",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        default="",
+        help="comma-separated host names accepted in the Host header besides localhost, IP addresses and --host",
+    )
     p.add_argument(
         "--keep-alive", type=float, default=75.0, help="idle seconds before closing a keep-alive connection"
     )
@@ -1013,26 +1334,45 @@ def build_arg_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def ws_transport_limit(max_body_bytes: int) -> int:
+    """The WebSocket frame limit of the transport: above the app's own limit, so that a message between the two gets
+    a MESSAGE_TOO_LARGE reply and the connection lives on; larger frames close the connection (1009)."""
+    return 2 * max_body_bytes + 4096
+
+
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     parser = build_arg_parser()
     args = parser.parse_args(argv)
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     try:
         settings = ServerSettings(
             max_sessions=args.max_sessions,
+            max_sessions_per_client=args.max_sessions_per_client,
             session_ttl=args.session_ttl,
             reaper_interval=args.reaper_interval,
             rate_limit=args.rate_limit,
             max_body_bytes=args.max_body_bytes,
             cookie_secure=args.cookie_secure,
-            cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
+            cors_origins=_csv(args.cors_origins),
+            allowed_origins=_csv(args.allowed_origins),
+            allowed_hosts=(args.host, *_csv(args.allowed_hosts)),
+            token=token,
         )
     except ValueError as exc:
         parser.error(str(exc))
-    with contextlib.suppress(ValueError):
-        if not ipaddress.ip_address(args.host).is_loopback:
-            print(f"warning: binding {args.host}: the server has no authentication", file=sys.stderr)
+    if not is_loopback(args.host):
+        if token is None:
+            parser.error(
+                f"--host {args.host} accepts connections from other machines: pass --token (or set {TOKEN_ENV}) "
+                "so that only clients holding the token can use the server"
+            )
+        print(f"warning: binding {args.host}: plain HTTP, the token crosses the network in clear", file=sys.stderr)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:%(name)s: %(message)s")
     uvicorn.run(
         create_app(settings),
@@ -1040,7 +1380,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         log_level=args.log_level,
         access_log=args.access_log,
-        ws_max_size=settings.max_body_bytes,
+        ws_max_size=ws_transport_limit(settings.max_body_bytes),
         ws_per_message_deflate=args.ws_compression,
         timeout_graceful_shutdown=5,
         timeout_keep_alive=args.keep_alive,

@@ -64,7 +64,11 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def parse_json_object(text: str) -> tuple[dict[str, Any] | None, str | None]:
-    """Exactly one JSON object (surrounding whitespace allowed); returns ``(object, None)`` or ``(None, reason)``."""
+    """Exactly one JSON object (surrounding whitespace allowed); returns ``(object, None)`` or ``(None, reason)``.
+
+    Reasons: ``not_text``, ``no_json_object``, ``duplicate_key``, ``malformed_json`` (also nesting deeper than the
+    recursion limit) and ``number_too_long`` (an integer with more digits than ``int(str)`` accepts).
+    """
     if not isinstance(text, str):
         return None, "not_text"
     stripped = text.strip()
@@ -76,6 +80,10 @@ def parse_json_object(text: str) -> tuple[dict[str, Any] | None, str | None]:
         return None, "duplicate_key"
     except (json.JSONDecodeError, RecursionError):
         return None, "malformed_json"
+    except ValueError:
+        # The only other ValueError json.loads raises: an integer literal longer than int(str) accepts
+        # (sys.get_int_max_str_digits(), 4,300 digits by default).
+        return None, "number_too_long"
     if not isinstance(obj, dict):
         return None, "no_json_object"
     return obj, None
@@ -103,7 +111,15 @@ def parse_action(
     obs: Observation,
     candidates: Sequence[Action] | None = None,
 ) -> ParsedAction:
-    """Turn model text into an action under ``contract``; never raises on bad model output."""
+    """Turn model text into an action under ``contract``; never raises on bad model output.
+
+    Any text the model can write (huge or non-finite numbers, deep nesting, lone surrogates included) gives either
+    the parsed action or the fallback action with ``valid=False`` and a reason (see :func:`parse_json_object`,
+    :func:`parse_index`, and ``schema_violation`` when the interface's ``validate_action`` rejects the object).
+
+    Raises:
+        ValueError: only for an unknown ``contract`` (a configuration error, not model output).
+    """
     if contract == "index":
         candidates = interface.candidate_actions(obs) if candidates is None else candidates
         k, error = parse_index(text, len(candidates))
@@ -116,7 +132,9 @@ def parse_action(
             return ParsedAction(interface.fallback_action(obs), False, error)
         try:
             action = interface.validate_action(obj, obs)
-        except ValueError:
+        except (ValueError, OverflowError, RecursionError):
+            # Besides the documented ValueError, a validator may convert a huge int to float (OverflowError) or
+            # walk a deeply nested payload (RecursionError): the model's output is at fault either way.
             return ParsedAction(interface.fallback_action(obs), False, "schema_violation")
         return ParsedAction(action, True)
     raise ValueError(f"Unknown action contract {contract!r}; expected one of {CONTRACTS}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -23,22 +24,28 @@ def env_server_cmd(port: int, *extra: str) -> list[str]:
             *extra]  # fmt: skip
 
 
-def start_server(cmd: list[str], port: int, timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
+def start_server(
+    cmd: list[str], port: int, timeout: float = 30.0, headers: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
     """Run ``cmd`` (a server listening on ``port``) and return ``(process, url)`` once ``/health`` answers 200.
+
+    ``headers`` go with the health checks (e.g. the ``Authorization`` of a server started with ``--token``).
 
     Raises:
         RuntimeError: the process exited or did not become healthy within ``timeout`` seconds (it is killed).
     """
     import httpx
 
-    proc = subprocess.Popen(cmd, cwd=ROOT)
+    # a token in the caller's environment would lock the server (and the tests' plain requests) behind it
+    env = {k: v for k, v in os.environ.items() if k != "RECRUIT_TRL_TOKEN"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
         try:
-            if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
+            if httpx.get(url + "/health", headers=headers, timeout=1, trust_env=False).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
             pass

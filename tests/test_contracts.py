@@ -22,6 +22,9 @@ from recruit_trl.contracts import (
 from recruit_trl.protocol import get_env_interface
 
 INTERFACE = get_env_interface("clinical")
+HUGE_INT = "7" * 5000  # over Python's 4,300-digit limit on int(str), which json.loads applies
+FLOAT_OVERFLOW_INT = "1" + "0" * 400  # 10**400: an int, but float() cannot hold it
+DEEP = 100_000  # far past the recursion limit
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +53,14 @@ def obs():
         ("[3]", (None, "no_json_object")),
         ("", (None, "no_json_object")),
         ('{"action_index": 3', (None, "malformed_json")),
+        ('{"action_index": ' + HUGE_INT + "}", (None, "number_too_long")),
+        ('{"action_index": 1, "x": -' + HUGE_INT + "}", (None, "number_too_long")),
+        ('{"action_index": ' + FLOAT_OVERFLOW_INT + "}", (None, "index_out_of_range")),
+        ('{"action_index": 1e400}', (None, "index_not_int")),
+        ('{"action_index": NaN}', (None, "index_not_int")),
+        ('{"action_index": -Infinity}', (None, "index_not_int")),
+        ('{"action_index": ' + "[" * DEEP, (None, "malformed_json")),
+        ('{"action_index": ' + "[" * DEEP + "]" * DEEP + "}", (None, "malformed_json")),
     ],
 )
 def test_parse_index_is_strict(text, expected):
@@ -76,6 +87,128 @@ def test_index_json_round_trip(obs, k):
     assert parsed.valid == (0 <= k < len(candidates))
     if parsed.valid:
         assert parsed.action == candidates[k] and parsed.index == k
+
+
+def _answer(**fields: str) -> str:
+    """A JSON object whose values are the given raw JSON literals (``_answer(x="1e400")`` is ``{"x": 1e400}``)."""
+    return "{" + ", ".join(f'"{key}": {value}' for key, value in fields.items()) + "}"
+
+
+STOP = '"stop_recruitment"'
+
+
+@pytest.mark.parametrize(
+    ("contract", "text", "error"),
+    [
+        # Integers too long for int(str): in every numeric (and string) position of both contracts.
+        ("index", _answer(action_index=HUGE_INT), "number_too_long"),
+        ("index", _answer(action_index="-" + HUGE_INT), "number_too_long"),
+        ("json", _answer(action_type=STOP, confidence=HUGE_INT), "number_too_long"),
+        ("json", _answer(action_type=STOP, confidence="-" + HUGE_INT), "number_too_long"),
+        ("json", _answer(action_type=STOP, token_cost=HUGE_INT), "number_too_long"),
+        ("json", _answer(action_type=STOP, patient_id=HUGE_INT), "number_too_long"),
+        ("json", _answer(action_type=HUGE_INT), "number_too_long"),
+        ("json", _answer(action_type=STOP, note=f"[{HUGE_INT}]"), "number_too_long"),
+        # Integers that parse but overflow float().
+        ("index", _answer(action_index=FLOAT_OVERFLOW_INT), "index_out_of_range"),
+        ("index", _answer(action_index="-" + FLOAT_OVERFLOW_INT), "index_out_of_range"),
+        ("json", _answer(action_type=STOP, confidence=FLOAT_OVERFLOW_INT), "schema_violation"),
+        ("json", _answer(action_type=STOP, confidence="-" + FLOAT_OVERFLOW_INT), "schema_violation"),
+        ("json", _answer(action_type=STOP, token_cost="-" + FLOAT_OVERFLOW_INT), "schema_violation"),
+        ("json", _answer(action_type=FLOAT_OVERFLOW_INT), "schema_violation"),
+        # Floats that overflow to infinity, and the non-standard NaN/Infinity literals json.loads accepts.
+        ("index", _answer(action_index="1e400"), "index_not_int"),
+        ("index", _answer(action_index="NaN"), "index_not_int"),
+        ("index", _answer(action_index="Infinity"), "index_not_int"),
+        ("index", _answer(action_index="-Infinity"), "index_not_int"),
+        ("json", _answer(action_type=STOP, confidence="1e400"), "schema_violation"),
+        ("json", _answer(action_type=STOP, confidence="-1e400"), "schema_violation"),
+        ("json", _answer(action_type=STOP, confidence="NaN"), "schema_violation"),
+        ("json", _answer(action_type=STOP, confidence="Infinity"), "schema_violation"),
+        ("json", _answer(action_type=STOP, token_cost="1e400"), "schema_violation"),
+        ("json", _answer(action_type=STOP, token_cost="NaN"), "schema_violation"),
+        # Nesting past the recursion limit, closed or not.
+        ("index", _answer(action_index="[" * DEEP), "malformed_json"),
+        ("index", _answer(action_index="[" * DEEP + "]" * DEEP), "malformed_json"),
+        ("json", _answer(action_type=STOP, note='{"a": ' * DEEP), "malformed_json"),
+        ("json", _answer(action_type=STOP, note='{"a": ' * DEEP + "1" + "}" * DEEP), "malformed_json"),
+        # Lone surrogates, escaped or raw, in values, keys and around the object.
+        ("index", _answer(action_index='"\\ud800"'), "index_not_int"),
+        ("index", '{"\\udfff": 1}', "wrong_keys"),
+        ("index", '{"action_index": 1}\udfff', "malformed_json"),
+        ("index", "\ud800", "no_json_object"),
+        ("json", _answer(action_type='"\\ud800"'), "schema_violation"),
+        ("json", _answer(action_type='"\udfff"'), "schema_violation"),
+        ("json", _answer(action_type='"screen_patient"', patient_id='"\\ud800"'), None),
+    ],
+)
+def test_hostile_numbers_nesting_and_surrogates_are_counted_failures(obs, contract, text, error):
+    """Answers a longer generation can produce: each is a failure with its reason (or valid), never an exception."""
+    candidates = INTERFACE.candidate_actions(obs)
+    parsed = parse_action(text, contract, INTERFACE, obs, candidates)
+    assert parsed.error == error
+    if error is None:  # a lone surrogate is still a string: the environment reports the unknown patient itself
+        assert parsed.valid and parsed.action["patient_id"] == "\ud800"
+    else:
+        assert not parsed.valid and parsed.action == INTERFACE.fallback_action(obs) and parsed.index is None
+
+
+def test_a_validator_that_overflows_or_recurses_is_a_schema_violation(obs):
+    """An environment's validator may convert numbers or walk the payload; its failures are the model's."""
+
+    class Failing:
+        def __init__(self, exc: type[Exception]):
+            self.exc = exc
+
+        def __getattr__(self, name):
+            return getattr(INTERFACE, name)
+
+        def validate_action(self, payload, obs):
+            if self.exc is RecursionError:
+                return self.validate_action(payload, obs)  # recurses until Python stops it
+            raise self.exc("bad payload")
+
+    for exc in (ValueError, OverflowError, RecursionError):
+        parsed = parse_action(_answer(action_type=STOP), "json", Failing(exc), obs)
+        assert not parsed.valid and parsed.error == "schema_violation", exc
+        assert parsed.action == INTERFACE.fallback_action(obs)
+
+
+def _hostile_literal() -> st.SearchStrategy[str]:
+    """JSON-ish value literals that break naive number parsing or recursion."""
+    nesting = st.sampled_from([1, 50, 990, 1000, 5000, DEEP])
+    return st.one_of(
+        st.integers(4250, 4400).map(lambda n: "9" * n),  # around the 4,300-digit limit of int(str)
+        st.integers(300, 500).map(lambda n: "1" + "0" * n),  # ints float() cannot hold
+        st.integers(300, 500).map(lambda n: f"1e{n}"),  # floats that overflow to infinity
+        st.sampled_from(["NaN", "Infinity", "-Infinity", "-0", "1e-400", "0", "1", STOP]),
+        st.tuples(nesting, st.booleans()).map(lambda t: "[" * t[0] + "]" * t[0] * t[1]),
+        st.tuples(nesting, st.booleans()).map(lambda t: '{"a": ' * t[0] + ("1" + "}" * t[0]) * t[1]),
+        st.text(st.characters(categories=["Cs"]), min_size=1, max_size=3).map(lambda s: f'"{s}"'),
+        st.text(st.characters(categories=["Cs"]), min_size=1, max_size=3).map(json.dumps),
+    )
+
+
+@st.composite
+def _hostile_answers(draw) -> str:
+    keys = st.sampled_from(["action_index", "action_type", "confidence", "token_cost", "patient_id", "note"])
+    fields = draw(st.dictionaries(keys, st.tuples(st.sampled_from(["", "-"]), _hostile_literal()), max_size=3))
+    text = _answer(**{key: sign + value for key, (sign, value) in fields.items()})
+    return text[: draw(st.integers(0, len(text)))] if draw(st.booleans()) else text  # or cut off mid-answer
+
+
+@settings(max_examples=100, deadline=None)
+@given(_hostile_answers())
+def test_hostile_answers_never_raise_and_fall_back(obs, text):
+    candidates = INTERFACE.candidate_actions(obs)
+    for contract in ("index", "json"):
+        parsed = parse_action(text, contract, INTERFACE, obs, candidates)
+        assert isinstance(parsed.action, dict)
+        if parsed.valid:
+            assert contract == "json" or parsed.action == candidates[parsed.index]
+        else:
+            assert parsed.action == INTERFACE.fallback_action(obs)
+            assert parsed.error
 
 
 def test_json_contract_validates_through_the_environment(obs):

@@ -1,6 +1,7 @@
 """End-to-end checks of env.server through a real server process (``python -m env.server``) on 127.0.0.1, over
 real HTTP and WebSocket: exact episodes through RemoteEnv on both transports, every HTTP error case of the
-reference API, session isolation under concurrency, the session limit, and a small load-test run."""
+reference API, session isolation under concurrency, the session limit, a small load-test run, and what only a real
+transport shows: lone surrogates and oversized frames over WebSocket, and a server started with a token."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def server():
 
 @pytest.fixture(scope="session")
 def small_server():
-    proc, url = _serve("--max-sessions", "2")
+    proc, url = _serve("--max-sessions", "2", "--max-sessions-per-client", "2")  # every test client is 127.0.0.1
     yield url
     stop_server(proc)
 
@@ -380,3 +381,86 @@ def test_concurrent_requests_on_one_session_are_serialised(server):
     with httpx.Client(base_url=server, trust_env=False) as c:
         assert c.get("/state", headers=cookie).json()["step"] == 40
         c.delete("/session", headers=cookie)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# hostile input and exposure over the real transports
+
+
+def _ws_connect(url: str, **kwargs):
+    from websockets.sync.client import connect
+
+    return connect(url.replace("http://", "ws://") + "/ws", proxy=None, compression=None, open_timeout=10, **kwargs)
+
+
+def test_ws_lone_surrogates_keep_the_connection(server):
+    with _ws_connect(server) as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "observation"
+        memory_query = '{"action_type": "retrieve_relevant_history", "memory_query": "\\ud800"}'
+        reset = '{"type": "reset", "data": {"episode_id": "\\udfff"}}'
+        for text in ['{"type": "step", "data": ' + memory_query + "}", reset]:
+            ws.send(text)  # an error reply, and the connection stays open
+            err = json.loads(ws.recv(timeout=10))
+            assert err["type"] == "error" and err["data"]["code"] == "VALIDATION_ERROR", err
+        ws.send(json.dumps({"type": "state"}))
+        assert json.loads(ws.recv(timeout=10))["data"]["step"] == 0
+    with httpx.Client(base_url=server, trust_env=False) as c:
+        body = {"content": b'{"episode_id": "\\ud800"}', "headers": {"content-type": "application/json"}}
+        r = c.post("/reset", **body)
+        assert r.status_code == 422 and "set-cookie" not in r.headers
+
+
+def test_ws_oversized_frame_answers_message_too_large(server):
+    with _ws_connect(server) as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "observation"
+        ws.send(json.dumps({"type": "step", "data": {**SCREEN, "plan_summary": "x" * 70_000}}))
+        err = json.loads(ws.recv(timeout=10))  # the transport's own limit is higher: the app answers
+        assert err["data"]["code"] == "MESSAGE_TOO_LARGE", err
+        ws.send(json.dumps({"type": "step", "data": SCREEN}))
+        assert json.loads(ws.recv(timeout=10))["data"]["metadata"]["info"]["step"] == 1
+
+
+@pytest.fixture(scope="module")
+def token_server():
+    port = free_port()
+    auth = {"authorization": "Bearer s3cret"}
+    proc, url = start_server(env_server_cmd(port, "--token", "s3cret"), port, headers=auth)
+    yield url
+    stop_server(proc)
+
+
+@pytest.mark.parametrize("transport", ["http", "ws"])
+def test_token_server_over_both_transports(token_server, transport, monkeypatch):
+    monkeypatch.delenv("RECRUIT_TRL_TOKEN", raising=False)
+    with RemoteEnv(token_server, task="hard_bench_stage_30", transport=transport, retries=0) as env:
+        with pytest.raises(RuntimeError, match="401"):
+            env.reset(seed=0)
+    with RemoteEnv(token_server, task="hard_bench_stage_30", transport=transport, token="s3cret") as env:
+        _play_both(env, "hard_bench_stage_30", 0)
+        assert env.server_info()["server"] == "recruit_trl"
+    monkeypatch.setenv("RECRUIT_TRL_TOKEN", "s3cret")
+    with RemoteEnv(token_server, task="hard_bench_stage_30", transport=transport) as env:
+        assert env.reset(seed=1)[0]["timestamp"] == 0
+    assert httpx.get(token_server + "/", trust_env=False).status_code == 401
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    ws_url = token_server.replace("http://", "ws://") + "/ws"
+    with pytest.raises(InvalidStatus, match="401"):
+        connect(ws_url, proxy=None, open_timeout=10).close()
+    with connect(ws_url + "?token=s3cret", proxy=None, open_timeout=10) as ws:  # for clients that cannot set headers
+        ws.send(json.dumps({"type": "reset"}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "observation"
+
+
+def test_loadtest_sends_the_token_and_checks_the_per_client_cap(token_server, small_server, tmp_path):
+    from env import loadtest
+
+    out = tmp_path / "lt.json"
+    argv = ["--url", token_server, "--sessions", "2", "--task", "hard_bench_stage_30", "--json", str(out)]
+    assert loadtest.main([*argv, "--token", "s3cret", "--transport", "ws"]) == 0
+    assert json.loads(out.read_text())["result"]["errors"] == 0
+    with pytest.raises(SystemExit, match="--max-sessions-per-client 4"):
+        loadtest.main(["--url", small_server, "--sessions", "4", "--task", "hard_bench_stage_30"])

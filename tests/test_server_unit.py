@@ -1,8 +1,11 @@
 """In-process checks of env.server (FastAPI TestClient) and env.client: settings, expiry, rate limit, schemas,
-WebSocket errors, and RemoteEnv against a stand-in for the reference server (flat replies, no seed)."""
+WebSocket errors, RemoteEnv against a stand-in for the reference server (flat replies, no seed), hostile input
+(lone surrogates, huge numbers, non-object reset data), the per-client session cap and the access checks (Host,
+Origin, token)."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import uuid
@@ -22,10 +25,12 @@ from env.client import OBSERVATION_FIELDS, RemoteEnv, SessionLostError, split_do
 from env.server import ServerSettings, SessionStore, create_app  # noqa: E402
 
 SCREEN = {"action_type": "screen_patient", "patient_id": "P-1149", "hypothesis": "noise_dominant", "confidence": 0.7}
+WS_URL = "ws://127.0.0.1/ws"  # TestClient's WebSocket host would be "testserver", which the server refuses
 
 
 def client(**settings) -> TestClient:
-    return TestClient(create_app(ServerSettings(**settings)))
+    """A client of a fresh app; its Host is a loopback address, as the server requires by default."""
+    return TestClient(create_app(ServerSettings(**settings)), base_url="http://127.0.0.1")
 
 
 def test_observation_fields_match_the_env():
@@ -175,7 +180,7 @@ def test_schema_and_metadata():
 
 def test_websocket_protocol_errors_keep_the_episode():
     c = client()
-    with c.websocket_connect("/ws") as ws:
+    with c.websocket_connect(WS_URL) as ws:
         ws.send_json({"type": "step", "data": SCREEN})
         assert ws.receive_json() == {
             "type": "error",
@@ -213,13 +218,13 @@ def test_websocket_protocol_errors_keep_the_episode():
 
 def test_websocket_capacity_and_shared_limit():
     c = client(max_sessions=1)
-    with c.websocket_connect("/ws") as ws:
+    with c.websocket_connect(WS_URL) as ws:
         ws.send_json({"type": "reset"})
         assert ws.receive_json()["type"] == "observation"
         r = c.post("/reset")
         assert r.status_code == 503
         assert r.json() == {"detail": "Session limit reached (1). Retry later or raise --max-sessions."}
-        with c.websocket_connect("/ws") as ws2:
+        with c.websocket_connect(WS_URL) as ws2:
             err = ws2.receive_json()
             assert err["type"] == "error" and err["data"]["code"] == "CAPACITY_REACHED"
     assert c.post("/reset").status_code == 200  # the WebSocket session was released
@@ -322,8 +327,8 @@ def test_remote_env_against_reference_like_server():
 
 
 def test_remote_env_session_lost_is_an_error_not_a_restart():
-    with TestClient(create_app(ServerSettings(session_ttl=0.05))) as http:
-        env = RemoteEnv("http://testserver", task="easy_bench", http_client=http)
+    with TestClient(create_app(ServerSettings(session_ttl=0.05)), base_url="http://127.0.0.1") as http:
+        env = RemoteEnv("http://127.0.0.1", task="easy_bench", http_client=http)
         with pytest.raises(RuntimeError, match="reset"):
             env.step(SCREEN)
         obs, _ = env.reset(seed=1)
@@ -345,3 +350,190 @@ def test_cors_covers_every_route_when_enabled():
     assert c.post("/reset", headers=headers).headers["access-control-allow-origin"] == "*"
     assert c.post("/step", json=SCREEN, headers=headers).headers["access-control-allow-origin"] == "*"
     assert "access-control-allow-origin" not in client().get("/", headers=headers).headers
+
+
+# ------------------------------------------------------------------------------------------------------------
+# hostile input and exposure
+
+
+def local_client(**settings) -> TestClient:
+    """A client whose errors come back as replies (a 500 stays a 500) and whose Host is a loopback address."""
+    app = create_app(ServerSettings(**settings))
+    return TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False)
+
+
+def raw_json(text: str) -> dict:
+    return {"content": text.encode(), "headers": {"content-type": "application/json"}}
+
+
+MEMORY_QUERY = '{"action_type": "retrieve_relevant_history", "memory_query": "\\ud800"}'
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_lone_surrogates_are_422_and_nothing_leaks(fast_path):
+    c = local_client(max_sessions=2, step_fast_path=fast_path)
+    for _ in range(3):  # refused before a session exists: no slot is taken
+        r = c.post("/reset", **raw_json('{"task_id": "easy_bench", "episode_id": "x\\ud800"}'))
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["body", "episode_id"]
+        assert "set-cookie" not in r.headers
+    assert c.get("/").json()["active_sessions"] == 0
+    assert c.post("/reset", params={"seed": 0}).status_code == 200
+    r = c.post("/step", **raw_json(MEMORY_QUERY))  # refused, not applied (the env would echo the query)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "memory_query"]
+    r = c.post("/step", **raw_json('{"action_type": "\\udfff"}'))  # echoed by a validation error
+    assert r.status_code == 422
+    r = c.post("/step", **raw_json('{"action_type": "stop_recruitment", "\\ud800": 1}'))  # in a key
+    assert r.status_code == 422
+    state = c.get("/state")
+    assert state.status_code == 200 and state.json()["step"] == 0
+    assert c.post("/step", json=SCREEN).status_code == 200
+
+
+def test_replies_always_encode():
+    from env.server import dumps, dumps_text
+
+    value = {"episode_id": "a\ud800b", "x": "é"}
+    assert json.loads(dumps(value)) == value and json.loads(dumps_text(value).encode()) == value
+
+
+BIG = "1" + "0" * 400
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_huge_numbers_are_422_and_keep_the_session(fast_path):
+    c = local_client(step_fast_path=fast_path)
+    c.post("/reset", params={"seed": 0})
+    for body, loc in [
+        (f'{{"action_type": "stop_recruitment", "confidence": {BIG}}}', ["body", "confidence"]),
+        (f'{{"action_type": "stop_recruitment", "confidence": -{BIG}}}', ["body", "confidence"]),
+        (f'{{"action_type": "stop_recruitment", "token_cost": {BIG}}}', ["body", "token_cost"]),
+    ]:
+        r = c.post("/step", **raw_json(body))
+        assert r.status_code == 422, (body[:60], r.status_code, r.text[:200])
+        assert r.json()["detail"][0]["loc"] == loc
+    for body in [
+        '{"action_type": "stop_recruitment", "confidence": 1e400}',
+        '{"action_type": "stop_recruitment", "confidence": ' + "1" * 5000 + "}",
+    ]:
+        r = c.post("/step", **raw_json(body))
+        assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid", r.text[:200]
+    assert c.get("/state").json()["step"] == 0
+    assert c.post("/reset", params={"seed": "9" * 5000}).status_code == 422
+    assert c.post("/reset", **raw_json('{"seed": ' + "9" * 5000 + "}")).status_code == 422
+    assert c.post("/reset", **raw_json('{"episode_id": ' + "9" * 4000 + "}")).status_code == 200
+
+
+def test_websocket_hostile_messages_keep_the_episode():
+    c = local_client()
+    with c.websocket_connect(WS_URL) as ws:
+        ws.send_json({"type": "reset", "data": [1]})  # not an object: an error, not a reset with defaults
+        err = ws.receive_json()
+        assert err["type"] == "error" and err["data"]["code"] == "VALIDATION_ERROR", err
+        ws.send_json({"type": "reset", "data": "medium_bench"})
+        assert ws.receive_json()["data"]["code"] == "VALIDATION_ERROR"
+        ws.send_json({"type": "reset", "data": {"task_id": "medium_bench", "seed": 2}})
+        assert ws.receive_json()["type"] == "observation"
+        ws.send_text(f'{{"type": "step", "data": {{"action_type": "stop_recruitment", "confidence": {BIG}}}}}')
+        err = ws.receive_json()["data"]
+        assert err["code"] == "VALIDATION_ERROR" and err["errors"][0]["loc"] == ["body", "confidence"], err
+        ws.send_text('{"type": "step", "data": ' + MEMORY_QUERY + "}")
+        err = ws.receive_json()["data"]
+        assert err["code"] == "VALIDATION_ERROR" and err["errors"][0]["loc"] == ["data", "memory_query"], err
+        ws.send_text('{"type": "reset", "data": {"episode_id": "\\ud800"}}')
+        assert ws.receive_json()["data"]["code"] == "VALIDATION_ERROR"
+        ws.send_json({"type": "state"})
+        state = ws.receive_json()["data"]
+        assert (state["task"], state["step"]) == ("medium_bench", 0)
+
+
+def test_sessions_are_capped_per_client():
+    app = create_app(ServerSettings(max_sessions=4))
+    a, b, c = (TestClient(app, base_url="http://127.0.0.1") for _ in range(3))
+    assert a.post("/reset").status_code == 200 and b.post("/reset").status_code == 200
+    r = c.post("/reset")  # every client is "testclient": 2 of its 4 slots are the default cap
+    assert r.status_code == 503 and "per client (2)" in r.json()["detail"], r.text
+    with c.websocket_connect(WS_URL) as ws:
+        assert ws.receive_json()["data"]["code"] == "CAPACITY_REACHED"
+    assert a.post("/reset").status_code == 200  # a client holding a session can always start over
+    other = TestClient(app, base_url="http://127.0.0.1", client=("10.0.0.9", 4000))
+    assert other.post("/reset").status_code == 200
+    assert b.delete("/session").json() == {"closed": True}
+    assert c.post("/reset").status_code == 200
+    wide = create_app(ServerSettings(max_sessions=4, max_sessions_per_client=4))
+    assert all(TestClient(wide, base_url="http://127.0.0.1").post("/reset").status_code == 200 for _ in range(4))
+    with pytest.raises(ValueError):
+        ServerSettings(max_sessions_per_client=0)
+
+
+def test_foreign_origins_and_hosts_are_refused():
+    from starlette.testclient import WebSocketDenialResponse
+    from starlette.websockets import WebSocketDisconnect
+
+    c = local_client()
+    evil = {"origin": "http://evil.example"}
+    assert c.post("/reset", headers=evil).status_code == 403
+    assert c.post("/step", json=SCREEN, headers=evil).status_code == 403
+    assert c.get("/", headers={"origin": "http://127.0.0.1:3000"}).status_code == 403  # another local page
+    assert c.get("/", headers={"host": "rebound.example:8000"}).status_code == 400  # DNS rebinding
+    with pytest.raises((WebSocketDenialResponse, WebSocketDisconnect)):
+        with c.websocket_connect(WS_URL, headers=evil) as ws:
+            ws.receive_json()
+    assert c.get("/").json()["active_sessions"] == 0
+    assert c.post("/reset", headers={"origin": "http://127.0.0.1"}).status_code == 200  # same origin
+    for host in ("localhost:8000", "127.0.0.1", "[::1]:8000", "10.1.2.3:8000"):
+        assert c.get("/health", headers={"host": host}).status_code == 200, host
+    c = local_client(allowed_origins=("http://app.example",), allowed_hosts=("envbox.lan",))
+    assert c.get("/", headers={"origin": "http://app.example", "host": "envbox.lan:8000"}).status_code == 200
+    assert c.get("/", headers={"origin": "http://evil.example"}).status_code == 403
+    assert local_client(allowed_hosts=("*",)).get("/", headers={"host": "any.example"}).status_code == 200
+
+
+def test_token_is_required_on_every_route():
+    from starlette.testclient import WebSocketDenialResponse
+    from starlette.websockets import WebSocketDisconnect
+
+    c = local_client(token="s3cret")
+    good = {"authorization": "Bearer s3cret"}
+    for method, path in [("GET", "/"), ("GET", "/health"), ("POST", "/reset"), ("POST", "/step"), ("GET", "/state")]:
+        r = c.request(method, path)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", (path, r.status_code)
+        assert c.request(method, path, headers={"authorization": "Bearer wrong"}).status_code == 401
+    assert c.get("/", headers=good).status_code == 200
+    assert c.post("/reset", headers=good).status_code == 200
+    assert c.post("/step", json=SCREEN, headers=good).status_code == 200
+    with pytest.raises((WebSocketDenialResponse, WebSocketDisconnect)):
+        with c.websocket_connect(WS_URL) as ws:
+            ws.receive_json()
+    for kwargs in ({"headers": good}, {}):
+        path = WS_URL if kwargs else WS_URL + "?token=s3cret"
+        with c.websocket_connect(path, **kwargs) as ws:
+            ws.send_json({"type": "reset"})
+            assert ws.receive_json()["type"] == "observation"
+    app = create_app(ServerSettings(token="s3cret"))
+    with TestClient(app, base_url="http://127.0.0.1") as http:
+        with pytest.raises(RuntimeError, match="401"):
+            RemoteEnv("http://127.0.0.1", http_client=http, retries=0, token="").reset()
+        env = RemoteEnv("http://127.0.0.1", task="hard_bench_stage_30", http_client=http, token="s3cret")
+        obs, _ = env.reset(seed=0)
+        assert env.step(heuristic_policy(obs))[4]["step"] == 1
+        env.close()
+
+
+def test_serve_refuses_a_non_loopback_bind_without_token(monkeypatch, capsys):
+    import uvicorn
+
+    from env import server
+
+    started = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append((app, kw)))
+    monkeypatch.delenv("RECRUIT_TRL_TOKEN", raising=False)
+    with pytest.raises(SystemExit):
+        server.main(["--host", "0.0.0.0", "--port", "1"])
+    assert "--token" in capsys.readouterr().err and not started
+    monkeypatch.setenv("RECRUIT_TRL_TOKEN", "from-env")
+    assert server.main(["--host", "0.0.0.0", "--port", "1"]) == 0
+    ((app, kw),) = started
+    assert app.state.settings.token == "from-env" and kw["ws_max_size"] > app.state.settings.max_body_bytes
+    assert server.main(["--host", "127.0.0.1", "--port", "1", "--token", "t"]) == 0
+    assert started[-1][0].state.settings.token == "t"
