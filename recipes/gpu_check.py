@@ -298,7 +298,8 @@ def main(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer, BitsAndBytesConfig, set_seed
     from trl import GRPOConfig, GRPOTrainer
 
-    from recruit_trl.models import keep_4bit_layers_trainable, write_json_atomic
+    from recruit_trl.files import write_json_atomic
+    from recruit_trl.models import keep_4bit_layers_trainable
     from recruit_trl.protocol import get_env_interface
     from recruit_trl.rollout import make_rollout
     from recruit_trl.training import ScriptArguments, make_anchor_dataset

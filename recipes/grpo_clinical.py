@@ -37,7 +37,6 @@ Top to bottom:
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -52,15 +51,16 @@ from transformers import AutoTokenizer  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, SFTConfig, TrlParser, get_peft_config  # noqa: E402
 
 from recruit_trl.evaluate import EvalConfig, cached_evaluation, evaluate_cached, evaluate_cached_runs  # noqa: E402
+from recruit_trl.files import read_json, write_json_atomic  # noqa: E402
 from recruit_trl.models import (  # noqa: E402
     METADATA_FILE,
     is_adapter,
     keep_4bit_layers_trainable,
     load_trainable,
     loading_config,
+    model_fingerprint,
     model_kind,
     model_summary,
-    write_json_atomic,
 )
 from recruit_trl.protocol import get_env_interface  # noqa: E402
 from recruit_trl.rollout import make_rollout  # noqa: E402
@@ -134,7 +134,7 @@ def main(
         dataset = make_anchor_dataset(
             script_args, interface, rollout.cache, student=script_args.sft_adapter or model_path,
             temperature=training_args.temperature, top_p=training_args.top_p,
-            states_file=str(Path(training_args.output_dir) / "anchor_states.pkl"),
+            states_file=str(Path(training_args.output_dir) / "anchor_states.json"),
             model_loading=loading_config(model_args),
         )  # fmt: skip
     trainer = trainer_cls(
@@ -157,7 +157,7 @@ def main(
             "base_model": model_path, "world_size": trainer.accelerator.num_processes, "anchors": len(dataset),
             "model": model_summary(trainer.model), "sft_trained": sft_trained(script_args),
         }  # fmt: skip
-        Path(training_args.output_dir, "run_info.json").write_text(json.dumps(info, indent=2))
+        write_json_atomic(Path(training_args.output_dir, "run_info.json"), info)
 
     # 5. Report: held-out evaluation of base / SFT / RL models and baselines, plots, summary.
     if script_args.report and trainer.accelerator.is_main_process:
@@ -261,7 +261,7 @@ def start_baseline_evals(script_args, training_args, model_args, model_path: str
     runs = [
         (label, policy, cfg, str(path))
         for label, policy, cfg, path in report_runs(script_args, training_args, model_args, model_path)
-        if not policy.startswith("model:") and cached_evaluation(cfg, path) is None
+        if not policy.startswith("model:") and cached_evaluation(policy, cfg, label, path) is None
     ]
     if not runs:
         return None
@@ -297,7 +297,7 @@ def report_run(
         "results": results,
         "decisions": decisions,
         "training": {"curves": training_curves(trainer.state.log_history), "steps": trainer.state.global_step},
-        "sft": json.loads(sft_report.read_text()) if sft_report and sft_report.is_file() else None,
+        "sft": read_json(sft_report) if sft_report else None,
         # What RL and the warm start saved: "adapter" (LoRA) or "full" (every weight).
         "trained": model_summary(trainer.model)["trained"],
         "sft_trained": sft_trained(script_args),
@@ -353,7 +353,9 @@ def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
     teacher; a fixed stratified subset of ``--decision_rows``): the benchmark table (strict JSON, valid action,
     teacher match, invalid count; greedy, free decoding) and the state value of each policy's action (the final
     score after the continuation policy plays on from it, common random numbers), for the base, SFT and RL models,
-    the teacher and the safe agent, with paired differences to the SFT model. Cached in ``eval/decisions.json``."""
+    the teacher and the safe agent, with paired differences to the SFT model. Cached in ``eval/decisions.json``,
+    keyed on the environment, the settings and the models' weights (:func:`recruit_trl.models.model_fingerprint`:
+    a re-run that trains further into the same folder measures again)."""
     from recruit_trl.decisions import decision_set, evaluate_decisions, sample_decisions
 
     out = Path(trainer.args.output_dir)
@@ -366,12 +368,14 @@ def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
         "days": script_args.decision_days, "rows": script_args.decision_rows, "teacher": script_args.teacher,
         "tasks": list(script_args.tasks), "contract": script_args.contract, "recent_k": script_args.recent_k,
         "continuation": script_args.continuation_policy, "model_loading": loading_config(model_args),
+        "env": script_args.env, "weights": {
+            label: model_fingerprint(p[len("model:") :]) for label, p in policies.items() if p.startswith("model:")
+        },
     }  # fmt: skip
     cache = out / "eval" / "decisions.json"
-    if cache.is_file():
-        cached = json.loads(cache.read_text())
-        if cached.get("key") == key:
-            return cached["result"]
+    cached = read_json(cache)
+    if isinstance(cached, dict) and cached.get("key") == key:
+        return cached["result"]
     interface = get_env_interface(script_args.env)
     states = decision_set(
         interface, script_args.tasks, parse_int_ranges(script_args.decision_seeds),
@@ -396,8 +400,8 @@ def sft_trained(script_args) -> str | None:
 
 def _built_num_parameters(model_path: str) -> int | None:
     """The parameter count recorded by recruit_trl when it built (tiny) or unpacked (SmolLM2) the model, else None."""
-    meta = Path(model_path, METADATA_FILE)
-    return json.loads(meta.read_text()).get("num_parameters") if meta.is_file() else None
+    meta = read_json(Path(model_path, METADATA_FILE))
+    return meta.get("num_parameters") if isinstance(meta, dict) else None
 
 
 def evaluate_versions() -> dict:

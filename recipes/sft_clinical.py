@@ -34,6 +34,7 @@ import torch
 from transformers import AutoTokenizer, Trainer
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
+from recruit_trl.files import read_json, write_json_atomic
 from recruit_trl.models import is_trained, length_bucketed_batches, load_trainable, loading_config, model_summary
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.sft import (
@@ -146,17 +147,20 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     interface = get_env_interface(script_args.env)
     with_env_tasks(script_args, interface)
     out = Path(training_args.output_dir)
-    if (out / "heldout_report.json").is_file() and is_trained(out):
+    # Every step's output is vouched for by a marker written after it (atomically): the held-out report for the whole
+    # run, stats.json for the data. A marker that is missing or torn, or weights that do not open, redo the step.
+    finished = read_json(out / "heldout_report.json")
+    if finished is not None and is_trained(out):
         print(f"SFT already finished in {out}; delete the folder to train again")
-        return json.loads((out / "heldout_report.json").read_text())
+        return finished
 
     # 1. Teacher traces -> balanced train / held-out chat datasets (reused when already on disk).
     data_dir = out / "dataset"
-    if (data_dir / "stats.json").is_file():
+    stats = read_json(data_dir / "stats.json")
+    if stats is not None:
         from datasets import load_from_disk
 
         train, heldout = load_from_disk(str(data_dir / "train")), load_from_disk(str(data_dir / "heldout"))
-        stats = json.loads((data_dir / "stats.json").read_text())
     else:
         train, heldout, stats = build_sft_datasets(
             interface,
@@ -176,7 +180,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         )
         train.save_to_disk(str(data_dir / "train"))
         heldout.save_to_disk(str(data_dir / "heldout"))
-        (data_dir / "stats.json").write_text(json.dumps(stats, indent=2))
+        write_json_atomic(data_dir / "stats.json", stats)
     print(f"SFT data: {stats['train_rows']} train rows ({stats['train_rows_raw']} before balancing), ", end="")
     print(f"{stats['heldout_rows']} held out")
 
@@ -242,7 +246,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     report["model"] = model_summary(model)
     report["dagger"] = dagger
     report["round_selection"] = selection
-    (out / "heldout_report.json").write_text(json.dumps(report, indent=2))
+    write_json_atomic(out / "heldout_report.json", report)
     print(json.dumps({k: v for k, v in report.items() if k != "data"}, indent=2))
     return report
 
@@ -326,8 +330,9 @@ def dagger_data(
     was trained (:func:`recruit_trl.models.loading_config`)."""
     from datasets import concatenate_datasets, load_from_disk
 
-    if (cache / "info.json").is_file():
-        rows, info = load_from_disk(str(cache / "rows")), json.loads((cache / "info.json").read_text())
+    info = read_json(cache / "info.json")
+    if info is not None:
+        rows = load_from_disk(str(cache / "rows"))
     else:
         labelled, student = dagger_rows(
             str(policy_dir),
@@ -353,7 +358,7 @@ def dagger_data(
             "action_types": dict(Counter(r["action_type"] for r in labelled)),
         }
         rows.save_to_disk(str(cache / "rows"))
-        (cache / "info.json").write_text(json.dumps(info, indent=2))
+        write_json_atomic(cache / "info.json", info)
     print(f"DAgger: {info['rows']} new rows; the student scored {info['student']}")
     return concatenate_datasets([data, rows]), info
 
@@ -364,8 +369,9 @@ def last_round_scores(
     """Mean final score per task of the last round's student playing ``--dagger_seeds`` (cached), as the earlier
     rounds' students did while their states were labelled."""
     cache = data_dir / f"student-{script_args.dagger_rounds}.json"
-    if cache.is_file():
-        return json.loads(cache.read_text())
+    scores = read_json(cache)
+    if scores is not None:
+        return scores
     _, results = dagger_rows(
         str(policy_dir),
         interface,
@@ -377,7 +383,7 @@ def last_round_scores(
         env=script_args.env,
     )
     scores = {r["task"]: r["final_score_mean"] for r in results}
-    cache.write_text(json.dumps(scores, indent=2))
+    write_json_atomic(cache, scores)
     return scores
 
 

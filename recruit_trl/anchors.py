@@ -8,16 +8,18 @@ snapshot, observation and digest of recent actions, so every later visit costs o
 
 A language model's states cannot be replayed inside a rollout (that would mean generating the whole prefix
 again). :func:`record_anchors` plays the model once, in lock-step over the episodes, and keeps the states
-on the anchor days; :meth:`AnchorCache.pin` makes them available to the rollout, and :func:`save_states` /
-:func:`load_states` keep them on disk (re-runs and the other processes of a distributed run read them).
-These are *on-policy* anchors: the states the trained policy itself reaches, where its mistakes happen.
+on the anchor days with the actions that reached them; :meth:`AnchorCache.pin` makes them available to the
+rollout, and :func:`save_states` / :func:`load_states` keep them on disk as JSON (the recorded actions, replayed
+on load: data, never code to unpickle) for re-runs and the other processes of a distributed run. These are
+*on-policy* anchors: the states the trained policy itself reaches, where its mistakes happen.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import pickle
 import random
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -25,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from recruit_trl.contracts import digest
-from recruit_trl.protocol import EnvInterface, Observation, policy_action
+from recruit_trl.files import write_text_atomic
+from recruit_trl.protocol import Action, EnvInterface, Observation, policy_action
 
 MODEL_PREFIX = "model:"  # Anchor.policy of states a language model reached (recorded, not replayed)
 
@@ -64,14 +67,16 @@ def anchor_from_prompt(prompt: Any) -> Anchor:
 
 @dataclass(frozen=True)
 class AnchorState:
-    """A rebuilt anchor: the environment snapshot, its observation, the recent-action digest, and whether the
-    prefix already ended the episode (then ``day`` is where it ended)."""
+    """A rebuilt anchor: the environment snapshot, its observation, the recent-action digest, whether the prefix
+    already ended the episode (then ``day`` is where it ended), and for a state recorded from a model
+    (:func:`record_anchors`) the actions played from the reset (what :func:`save_states` keeps)."""
 
     snapshot: Any
     obs: Observation
     recent: tuple[str, ...]
     done: bool
     day: int
+    actions: tuple[Action, ...] | None = None
 
 
 class AnchorCache:
@@ -230,25 +235,140 @@ def record_anchors(
     }
 
 
+STATES_FORMAT = "recruit_trl.anchor_states"  # the "format" field of a states file
+STATES_VERSION = 1  # bumped when its layout changes: files of another version are recorded again
+
+
 def save_states(path: str | Path, states: Mapping[Anchor, AnchorState], meta: Mapping[str, Any]) -> None:
-    """Write recorded anchor states and what produced them (``meta``) to ``path`` (pickle)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    payload = {"meta": dict(meta), "states": {a.key(): s for a, s in states.items()}}
-    tmp = Path(f"{path}.tmp")
-    tmp.write_bytes(pickle.dumps(payload))
-    tmp.replace(path)  # a reader never sees half a file
+    """Write recorded anchor states and what produced them (``meta``, JSON values) to ``path``, as JSON.
+
+    An environment snapshot is an opaque in-memory object (the protocol does not ask environments to serialise
+    one), so the file keeps how each state was reached instead: per episode (task, reset seed, anchor policy) the
+    actions played from the reset up to its last anchor day, and per anchor its day, how many recent actions its
+    digest keeps and a digest of its observation. :func:`load_states` replays those actions, which rebuilds the
+    states exactly: the environment is deterministic given its reset seed and the actions played (what
+    :class:`AnchorCache` relies on too). Written atomically, so a reader never sees half a file.
+
+    Raises:
+        ValueError: for a state without recorded actions (one that :func:`record_anchors` did not produce).
+    """
+    episodes: dict[tuple[str, int, str, int], dict[str, Any]] = {}
+    for anchor, state in states.items():
+        if state.actions is None:
+            raise ValueError(f"anchor {anchor.key()} has no recorded actions: only record_anchors states are saved")
+        episode = episodes.setdefault(
+            (anchor.task, anchor.seed, anchor.policy, anchor.policy_seed),
+            {"task": anchor.task, "seed": anchor.seed, "policy": anchor.policy, "policy_seed": anchor.policy_seed,
+             "actions": [], "anchors": []},
+        )  # fmt: skip
+        if len(state.actions) > len(episode["actions"]):  # every anchor's actions begin the longest ones
+            episode["actions"] = list(state.actions)
+        episode["anchors"].append(
+            {"day": anchor.day, "recent": len(state.recent), "obs_sha256": _obs_digest(state.obs)}
+        )
+    payload = {
+        "format": STATES_FORMAT,
+        "version": STATES_VERSION,
+        "meta": dict(meta),
+        "episodes": list(episodes.values()),
+    }
+    write_text_atomic(path, json.dumps(payload, default=str))
 
 
-def load_states(path: str | Path, meta: Mapping[str, Any]) -> dict[Anchor, AnchorState] | None:
-    """The states :func:`save_states` wrote to ``path`` when they were produced by the same ``meta``, else
-    ``None`` (also for a file this version cannot read: the caller records the states again). Only read files
-    this project wrote: they are pickles."""
-    if not Path(path).is_file():
+def load_states(
+    path: str | Path, meta: Mapping[str, Any], interface: EnvInterface
+) -> dict[Anchor, AnchorState] | None:
+    """The states :func:`save_states` wrote to ``path``, rebuilt by replaying the recorded actions in ``interface``'s
+    environments, when they were produced by the same ``meta``; else ``None`` (no file, other settings, another
+    layout version, or an environment that no longer reaches the recorded observations, with a warning: the caller
+    records the states again and overwrites the file). Nothing in the file is executed: it is plain JSON data.
+
+    Raises:
+        ValueError: naming the file, when it is not a states file this code can read (not JSON, another format, a
+            damaged layout); deleting it records the anchors again.
+    """
+    path = Path(path)
+    if not path.is_file():
         return None
     try:
-        payload = pickle.loads(Path(path).read_bytes())
-    except Exception:  # an older layout of the snapshot classes, or not our file: record again
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _unreadable(path, f"not JSON: {exc}") from None
+    if not isinstance(payload, dict) or payload.get("format") != STATES_FORMAT:
+        raise _unreadable(path, f"not a {STATES_FORMAT} file")
+    if payload.get("version") != STATES_VERSION or payload.get("meta") != json.loads(json.dumps(meta, default=str)):
         return None
-    if not isinstance(payload, dict) or payload.get("meta") != dict(meta):
-        return None
-    return {Anchor.from_key(key): state for key, state in payload["states"].items()}
+    try:
+        episodes = [_stored_episode(episode) for episode in payload["episodes"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _unreadable(path, f"damaged layout: {type(exc).__name__}: {exc}") from None
+    out: dict[Anchor, AnchorState] = {}
+    for episode in episodes:
+        replayed = _replay_actions(interface, episode)
+        if replayed is None:
+            warnings.warn(
+                f"{path}: the environment no longer reaches the recorded states of {episode['task']} seed "
+                f"{episode['seed']} (changed since they were recorded?); recording the anchors again",
+                stacklevel=2,
+            )
+            return None
+        out.update(replayed)
+    return dict(sorted(out.items(), key=lambda item: (item[0].task, item[0].seed, item[0].day)))
+
+
+def _unreadable(path: Path, problem: str) -> ValueError:
+    return ValueError(
+        f"{path} cannot be read as recorded anchor states ({problem}); delete it to record the anchors again"
+    )
+
+
+def _stored_episode(episode: Any) -> dict[str, Any]:
+    """One episode of a states file with its types checked.
+
+    Raises:
+        KeyError, TypeError, ValueError: for a field that is missing or of the wrong kind.
+    """
+    actions = list(episode["actions"])
+    if not all(isinstance(action, dict) for action in actions):
+        raise TypeError("an action is not a JSON object")
+    anchors = [(int(a["day"]), int(a["recent"]), str(a["obs_sha256"])) for a in episode["anchors"]]
+    if not anchors or not all(0 <= day <= len(actions) for day, _, _ in anchors):
+        raise ValueError("anchor days outside the recorded actions")
+    return {
+        "task": str(episode["task"]), "seed": int(episode["seed"]), "policy": str(episode["policy"]),
+        "policy_seed": int(episode["policy_seed"]), "actions": actions, "anchors": anchors,
+    }  # fmt: skip
+
+
+def _replay_actions(interface: EnvInterface, episode: Mapping[str, Any]) -> dict[Anchor, AnchorState] | None:
+    """The states on a stored episode's anchor days, by replaying its actions from the reset; ``None`` when an
+    observation there differs from the recorded one, or the episode ends before an anchor day."""
+    actions = episode["actions"]
+    anchors = {day: (recent_kept, obs_sha256) for day, recent_kept, obs_sha256 in episode["anchors"]}
+    last = max(anchors)
+    env = interface.make_env(episode["task"])
+    try:
+        obs, _ = env.reset(seed=episode["seed"])
+        recent: list[str] = []
+        states = {}
+        for day in range(last + 1):
+            if day in anchors:
+                kept, expected = anchors[day]
+                if _obs_digest(obs) != expected:
+                    return None
+                anchor = Anchor(episode["task"], episode["seed"], day, episode["policy"], episode["policy_seed"])
+                shown = tuple(recent[len(recent) - kept :] if kept else ())
+                states[anchor] = AnchorState(env.snapshot(), obs, shown, False, day, tuple(actions[:day]))
+            if day < last:
+                obs, _, terminated, truncated, info = env.step(actions[day])
+                recent.append(digest(interface, day, actions[day], info))
+                if terminated or truncated:
+                    return None
+        return states
+    finally:
+        if hasattr(env, "close"):
+            env.close()
+
+
+def _obs_digest(obs: Observation) -> str:
+    return hashlib.sha256(json.dumps(obs, sort_keys=True, default=str).encode()).hexdigest()

@@ -22,7 +22,8 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from recruit_trl.files import write_json_atomic
 
 FIGURES = {
     "seconds_per_step": "step_time",
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:<{width}}  {value}")
     print(json.dumps(report, indent=2))
     if bench.json:
-        Path(bench.json).write_text(json.dumps(report, indent=2))
+        write_json_atomic(bench.json, report)
     return 0
 
 

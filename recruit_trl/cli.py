@@ -119,9 +119,8 @@ def _add_eval(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    import json
-
     from recruit_trl.evaluate import EvalConfig, evaluate, format_table, plot_results
+    from recruit_trl.files import write_json_atomic
     from recruit_trl.protocol import get_env_interface
     from recruit_trl.training import parse_int_ranges
 
@@ -144,8 +143,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.trace:
         print(f"wrote {args.trace}")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=2)
+        write_json_atomic(args.json, report)
         print(f"wrote {args.json}")
     if args.plot:
         references = getattr(get_env_interface(args.env), "reference_scores", None)

@@ -48,6 +48,8 @@ from recruit_trl.contracts import (
     parse_action,
     parse_json_object,
 )
+from recruit_trl.files import read_json, save_figure_atomic, write_json_atomic, write_text_atomic
+from recruit_trl.models import model_fingerprint
 from recruit_trl.protocol import EnvInterface, episode_metrics, get_env_interface, policy_action, remote_env
 from recruit_trl.traces import match_candidate, same_action, trace_row
 
@@ -114,8 +116,8 @@ class Evaluator:
         self.labelled_rows: list[dict[str, Any]] | None = None
         # When a list, every decision of every policy appends one trace record (see the module docstring).
         self.trace: list[dict[str, Any]] | None = None
-        # Model runs keep the state of every episode on these days (recruit_trl.anchors.record_anchors):
-        # captured[(task, seed, day)] = AnchorState.
+        # Model runs keep the state of every episode on these days, with the actions that reached it
+        # (recruit_trl.anchors.record_anchors): captured[(task, seed, day)] = AnchorState.
         self.capture_days: set[int] = set()
         self.captured: dict[tuple[str, int, int], AnchorState] = {}
 
@@ -180,10 +182,11 @@ class Evaluator:
         logs = [EpisodeLog(task, seed) for task, seed in episodes]
         obs = [env.reset(seed=seed)[0] for env, (_, seed) in zip(envs, episodes, strict=True)]
         recent: list[list[str]] = [[] for _ in episodes]
+        played: list[list[dict]] = [[] for _ in episodes]  # the actions of each episode, kept with captured states
         rngs = [random.Random(seed) for _, seed in episodes]
         active = list(range(len(episodes)))
         while active:
-            self._capture(envs, obs, recent, logs, active)
+            self._capture(envs, obs, recent, played, logs, active)
             candidates = {i: self.interface.candidate_actions(obs[i]) for i in active}
             prompts, messages_of = [], {}
             for i in active:
@@ -223,6 +226,8 @@ class Evaluator:
                     text=text,
                 )
                 recent[i].append(digest(self.interface, day, parsed.action, info))
+                if self.capture_days:
+                    played[i].append(parsed.action)
                 obs[i] = new_obs
                 if terminated or truncated:
                     self._finish(logs[i], new_obs, info, envs[i])
@@ -237,7 +242,7 @@ class Evaluator:
         return logs
 
     # ------------------------------------------------------------------ bookkeeping
-    def _capture(self, envs, obs, recent, logs: list[EpisodeLog], active: list[int]) -> None:
+    def _capture(self, envs, obs, recent, played, logs: list[EpisodeLog], active: list[int]) -> None:
         if not self.capture_days:
             return
         k = self.config.recent_k
@@ -245,7 +250,7 @@ class Evaluator:
             day = logs[i].length
             if day in self.capture_days:
                 kept = tuple(recent[i][len(recent[i]) - k :] if k > 0 else ())
-                state = AnchorState(envs[i].snapshot(), obs[i], kept, False, day)
+                state = AnchorState(envs[i].snapshot(), obs[i], kept, False, day, tuple(played[i]))
                 self.captured[(logs[i].task, logs[i].seed, day)] = state
 
     def _label(self, messages, candidates, taught, episode: tuple[str, int], day: int) -> None:
@@ -469,33 +474,39 @@ def evaluate(
     if bar:
         bar.close()
     if trace_path is not None:
-        Path(trace_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(trace_path).write_text("".join(json.dumps(record) + "\n" for record in trace))
+        write_text_atomic(trace_path, "".join(json.dumps(record) + "\n" for record in trace))
     cfg = {k: (list(v) if isinstance(v, tuple | range) else v) for k, v in config.__dict__.items()}
     cfg["policies"] = list(policies)
     cfg["seconds_per_episode"] = timings
     return {"results": results, "config": cfg, "versions": versions()}
 
 
-def cached_evaluation(config: EvalConfig, path: str | Path) -> dict[str, Any] | None:
-    """The evaluation in the JSON file ``path`` if it was written for the same tasks, seeds, contract, temperature,
-    top-p and decoding constraint as ``config`` (and rows of the current :data:`EVAL_SCHEMA`), else ``None``."""
-    path = Path(path)
-    part = json.loads(path.read_text()) if path.is_file() else {}
-    return part if part and all(part.get(k) == v for k, v in _cache_key(config).items()) else None
+def cached_evaluation(policy: str, config: EvalConfig, label: str, path: str | Path) -> dict[str, Any] | None:
+    """The evaluation in the JSON file ``path`` if it was written for the same :func:`cache_key`, else ``None`` (also
+    for a file that does not parse, with a warning)."""
+    return _cached(path, cache_key(policy, config, label))
 
 
-def _cache_key(config: EvalConfig) -> dict[str, Any]:
-    return {
-        "tasks": list(with_tasks(config).tasks),
-        "seeds": list(config.seeds),
-        "contract": config.contract,
-        "temperature": config.temperature,
-        "top_p": config.top_p,
-        "constrained": config.constrained,
-        "model_loading": config.model_loading,
-        "schema": EVAL_SCHEMA,
+def _cached(path: str | Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    part = read_json(path)
+    return part if isinstance(part, dict) and all(part.get(k) == v for k, v in key.items()) else None
+
+
+def cache_key(policy: str, config: EvalConfig, label: str) -> dict[str, Any]:
+    """Everything that decides the rows of ``evaluate([policy], config, labels=[label])``.
+
+    The policy, its label in the rows, the fingerprint of a ``model:PATH`` policy's weights, configs and tokenizer
+    (:func:`recruit_trl.models.model_fingerprint`: a re-run that trains further into the same folder is evaluated
+    again), every setting of ``config`` but those that say where the episodes run (``env_url``, ``transport``), and
+    the rows' :data:`EVAL_SCHEMA`. JSON values, compared with the file's top-level fields.
+    """
+    settings = {
+        k: (list(v) if isinstance(v, tuple | range) else v)
+        for k, v in with_tasks(config).__dict__.items()
+        if k not in ("env_url", "transport")
     }
+    weights = model_fingerprint(policy[len("model:") :]) if policy.startswith("model:") else None
+    return {"policy": policy, "label": label, "weights": weights, **settings, "schema": EVAL_SCHEMA}
 
 
 def evaluate_cached(
@@ -503,17 +514,15 @@ def evaluate_cached(
 ) -> dict[str, Any]:
     """``evaluate([policy], config, labels=[label])`` cached in the JSON file ``path``.
 
-    The file is reused when :func:`cached_evaluation` accepts it (a re-run does not redo a finished evaluation) and
-    is written atomically (an interrupted run leaves no partial file). Returns the evaluation with its cache key.
+    The file is reused when it holds the same :func:`cache_key` (a re-run does not redo a finished evaluation, and
+    never reports another policy's or another checkpoint's figures) and is written atomically (an interrupted run
+    leaves no partial file). Returns the evaluation with its cache key.
     """
-    part = cached_evaluation(config, path)
+    key = cache_key(policy, config, label)
+    part = _cached(path, key)
     if part is None:
-        path = Path(path)
-        part = {**evaluate([policy], config, labels=[label], progress=progress), **_cache_key(config)}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(part, indent=2))
-        tmp.replace(path)
+        part = {**evaluate([policy], config, labels=[label], progress=progress), **key}
+        write_json_atomic(path, part)
     return part
 
 
@@ -613,8 +622,6 @@ def plot_results(
     # Below the axes: inside, it covers the tallest bars once there are more than a few policies.
     ax.legend(fontsize=8, ncols=legend_cols, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    path = save_figure_atomic(fig, path, dpi=120)
     plt.close(fig)
     return path

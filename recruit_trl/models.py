@@ -50,6 +50,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from recruit_trl.files import file_sha256, read_json, write_json_atomic
+
 try:  # POSIX only; without it builds are still atomic, only the "build once" guarantee is lost
     import fcntl
 except ImportError:  # pragma: no cover
@@ -518,15 +520,6 @@ def is_complete(folder: str | Path) -> bool:
     return (folder / METADATA_FILE).is_file() and (folder / "config.json").is_file()
 
 
-def write_json_atomic(path: str | Path, data: dict) -> None:
-    """Write ``data`` as JSON to a temp file beside ``path``, then rename it into place (no torn file on a kill)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
-
-
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -750,10 +743,83 @@ def model_summary(model) -> dict[str, Any]:
 
 
 def is_trained(folder: str | Path) -> bool:
-    """Whether ``folder`` holds a saved LoRA adapter or a full model (one file, or shards with their index)."""
-    return is_adapter(folder) or any(
-        Path(folder, name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")
+    """Whether ``folder`` holds a complete saved model: a LoRA adapter, or a full model (one file, or the shards its
+    index names), whose config parses and whose safetensors weights open.
+
+    Opening a safetensors file reads its header and checks that the data it announces fills the file, so weights cut
+    short by a kill fail here and the caller trains again instead of counting half a model as trained.
+    """
+    folder = Path(folder)
+    if is_adapter(folder):
+        return read_json(folder / ADAPTER_CONFIG) is not None and _weights_open(folder / "adapter_model.safetensors")
+    if read_json(folder / "config.json") is None:
+        return False
+    index = read_json(folder / "model.safetensors.index.json")
+    if index is not None:
+        shards = set(index.get("weight_map", {}).values()) if isinstance(index, dict) else set()
+        return bool(shards) and all(_weights_open(folder / shard) for shard in shards)
+    return _weights_open(folder / "model.safetensors")
+
+
+def _weights_open(path: Path) -> bool:
+    """Whether the safetensors file ``path`` exists and its header and data are complete."""
+    from safetensors import SafetensorError, safe_open
+
+    if not path.is_file():
+        return False
+    try:
+        with safe_open(str(path), framework="np"):
+            return True
+    except (SafetensorError, OSError):
+        return False
+
+
+# The files of a model folder that decide what the model answers: weights, shard indexes, configs and tokenizer.
+# Anything else there (trainer state, reports, evaluation caches, checkpoints) is not part of its fingerprint.
+MODEL_FILE_NAMES = frozenset(
+    (
+        "config.json",
+        "generation_config.json",
+        ADAPTER_CONFIG,
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "chat_template.jinja",
+        "chat_template.json",
+        "vocab.json",
+        "merges.txt",
+        "tokenizer.model",
+        "model.safetensors.index.json",
+        "pytorch_model.bin.index.json",
     )
+)
+MODEL_FILE_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "adapter_model.bin")
+
+
+def model_fingerprint(path: str | Path) -> str | None:
+    """A SHA-256 over the names and bytes of the files that decide what the model in the folder ``path`` answers
+    (:data:`MODEL_FILE_NAMES` and :data:`MODEL_FILE_PATTERNS`), and for a LoRA adapter also its base model's
+    fingerprint when the base is a local folder: it changes whenever the weights, configs or tokenizer change, e.g.
+    when a re-run trains further into the same output folder. ``None`` for a path that is not a folder (a hub id,
+    known by its name alone).
+
+    Each file is read once per process while its size and modification time stay the same
+    (:func:`recruit_trl.files.file_sha256`).
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    files = {p for pattern in MODEL_FILE_PATTERNS for p in folder.glob(pattern)}
+    files |= {folder / name for name in MODEL_FILE_NAMES}
+    digest = hashlib.sha256()
+    for file in sorted(p for p in files if p.is_file()):
+        digest.update(f"{file.name}\0{file_sha256(file)}\n".encode())
+    adapter = read_json(folder / ADAPTER_CONFIG) if is_adapter(folder) else None
+    base = adapter.get("base_model_name_or_path") if isinstance(adapter, dict) else None
+    if base and Path(base).resolve() != folder.resolve():
+        digest.update(f"base\0{base}\0{model_fingerprint(base)}\n".encode())
+    return digest.hexdigest()
 
 
 #: ``ModelConfig`` fields that decide how a model is loaded; :func:`loading_config` keeps them as plain JSON so that

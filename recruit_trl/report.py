@@ -18,12 +18,12 @@ report has none.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from recruit_trl.evaluate import curve_names, metric_names, plot_results
+from recruit_trl.files import save_figure_atomic, write_json_atomic
 from recruit_trl.protocol import EnvInterface
 
 ACTION_PREFIX = "rollout/action_type/"
@@ -169,9 +169,7 @@ def _task_panels(rows: Sequence[dict[str, Any]], height: float):
 
 
 def _save(fig, plt, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    path = save_figure_atomic(fig, path, dpi=120)
     plt.close(fig)
     return path
 
@@ -203,9 +201,9 @@ def plot_decisions(result: dict[str, Any], path: str | Path) -> Path:
     right.set_xticks(range(len(named)), named, rotation=20, fontsize=8)
     right.set_title("State value of the policy's action (mean ± se)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    path = save_figure_atomic(fig, path, dpi=110)
     plt.close(fig)
-    return Path(path)
+    return path
 
 
 def write_report(
@@ -241,7 +239,7 @@ def write_report(
     if report.get("decisions") and report["decisions"].get("benchmark"):
         paths["decisions"] = str(plot_decisions(report["decisions"], out / "decisions.png"))
     report = {**report, "plots": paths}
-    (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    write_json_atomic(out / "report.json", report)
     paths["report"] = str(out / "report.json")
     return paths
 

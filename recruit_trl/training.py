@@ -21,6 +21,7 @@ from recruit_trl.anchors import (
     record_anchors,
     save_states,
 )
+from recruit_trl.models import model_fingerprint
 from recruit_trl.protocol import EnvInterface
 from recruit_trl.rollout import RolloutConfig
 from recruit_trl.sft import check_drop_candidate, check_extra_traces, check_oversample
@@ -71,7 +72,7 @@ class ScriptArguments(RolloutConfig):
         default="grader_heuristic",
         metadata={"help": "Who plays the days before an anchor: an environment policy (replayed), 'student' (the "
                   "model RL starts from, sampled as in training: on-policy states, recorded once into "
-                  "<output_dir>/anchor_states.pkl) or 'model:PATH'."},
+                  "<output_dir>/anchor_states.json) or 'model:PATH'."},
     )  # fmt: skip
     reward_funcs: list[str] = field(
         default_factory=lambda: list(DEFAULT_REWARDS),
@@ -343,7 +344,8 @@ def make_anchor_dataset(
         student: the model RL starts from (``--anchor_policy student``).
         temperature: sampling temperature of a recording model (the training temperature: on-policy states).
         top_p: its nucleus.
-        states_file: where recorded states are kept (reused when produced by the same model and settings).
+        states_file: where recorded states are kept (:func:`recruit_trl.anchors.save_states`: JSON, replayed on
+            load), reused when produced by the same model weights, environment and settings.
         model_loading: how a recording model is loaded (:func:`recruit_trl.models.loading_config`).
     """
     seeds, days = parse_int_ranges(args.anchor_seeds), parse_int_ranges(args.anchor_days)
@@ -352,12 +354,13 @@ def make_anchor_dataset(
         path = student if args.anchor_policy == "student" else args.anchor_policy[len(MODEL_PREFIX) :]
         if not path:
             raise ValueError("--anchor_policy student needs the model RL starts from (the warm start or base model)")
-        meta = {
-            "model": str(path), "tasks": list(args.tasks), "seeds": seeds, "days": days, "temperature": temperature,
-            "top_p": top_p, "contract": args.contract, "recent_k": args.recent_k,
-        }  # fmt: skip
         label = args.anchor_policy if args.anchor_policy.startswith(MODEL_PREFIX) else f"{MODEL_PREFIX}student"
-        states = load_states(states_file, meta) if states_file else None
+        meta = {
+            "model": str(path), "weights": model_fingerprint(path), "env": interface.name, "label": label,
+            "tasks": list(args.tasks), "seeds": seeds, "days": days, "temperature": temperature, "top_p": top_p,
+            "contract": args.contract, "recent_k": args.recent_k, "model_loading": dict(model_loading or {}),
+        }  # fmt: skip
+        states = load_states(states_file, meta, interface) if states_file else None
         if states is None:
             states = record_anchors(
                 interface, str(path), args.tasks, seeds, days, label=label,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 import env.agent  # noqa: F401
@@ -72,10 +75,55 @@ def test_model_anchors_are_recorded_pinned_and_kept_on_disk(warm_model, tmp_path
     cache.pin(states)
     assert cache.get(anchor) is state
 
-    path = tmp_path / "anchor_states.pkl"
+    path = tmp_path / "anchor_states.json"
     save_states(path, states, {"model": warm_model})
-    loaded = load_states(path, {"model": warm_model})
+    loaded = load_states(path, {"model": warm_model}, INTERFACE)
     assert list(loaded) == list(states) and loaded[anchor].obs == state.obs
-    assert load_states(path, {"model": "another"}) is None and load_states(tmp_path / "none.pkl", {}) is None
-    path.write_bytes(b"not a pickle")
-    assert load_states(path, {"model": warm_model}) is None  # unreadable: recorded again, never a crash
+    assert load_states(path, {"model": "another"}, INTERFACE) is None
+    assert load_states(tmp_path / "none.json", {}, INTERFACE) is None
+
+
+def test_recorded_anchor_states_are_stored_as_data_and_replayed_exactly(warm_model, tmp_path):
+    """The file holds each episode's recorded actions as JSON; loading replays them into the very same states."""
+    from recruit_trl.anchors import load_states, record_anchors, save_states
+
+    task, meta = "hard_bench_stage_30", {"model": warm_model, "temperature": 1.0}
+    states = record_anchors(INTERFACE, warm_model, [task], [0, 1], [0, 10, 20], temperature=1.0, progress=False)
+    path = tmp_path / "anchor_states.json"
+    save_states(path, states, meta)
+    stored = json.loads(path.read_text())  # plain data, readable by anyone, executable by no one
+    assert stored["meta"] == meta and len(stored["episodes"]) == 2
+    loaded = load_states(path, meta, INTERFACE)
+    assert list(loaded) == list(states)
+    env, again = INTERFACE.make_env(task), INTERFACE.make_env(task)
+    for anchor, state in states.items():
+        replayed = loaded[anchor]
+        assert (replayed.obs, replayed.recent, replayed.done, replayed.day) == (
+            state.obs, state.recent, state.done, state.day
+        )  # fmt: skip
+        env.restore(state.snapshot)
+        again.restore(replayed.snapshot)
+        for _ in range(5):  # the snapshots continue alike, step RNG included
+            action = INTERFACE.fallback_action(env._observation())
+            assert env.step(action)[0] == again.step(action)[0]
+
+
+def test_an_unreadable_anchor_states_file_is_reported_and_never_executed(warm_model, tmp_path):
+    import pickle
+
+    from recruit_trl.anchors import load_states
+
+    path, ran = tmp_path / "anchor_states.json", tmp_path / "ran"
+
+    class Payload:  # what a pickle in a shared output folder could do when unpickled
+        def __reduce__(self):
+            return Path.touch, (ran,)
+
+    path.write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(ValueError, match=r"anchor_states.json.*delete it to record the anchors again"):
+        load_states(path, {}, INTERFACE)
+    assert not ran.exists()
+    for text in ('{"meta": {}, "episodes": [', '{"meta": {}, "format": "something else"}', "[1, 2]"):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=r"anchor_states.json.*delete it"):
+            load_states(path, {}, INTERFACE)

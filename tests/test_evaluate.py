@@ -236,3 +236,49 @@ def test_greedy_constrained_decoding_flags_exactly_the_answers_it_changed(warm_m
     free_ok = [(parse_index(text, n)[0] or 0) >= f for text, n, f in zip(texts, sizes, first, strict=True)]
     assert unchanged == free_ok and any(free_ok) and not all(free_ok), sum(free_ok)
     assert all((f == c) == same for f, c, same in zip(free, constrained, unchanged, strict=True))
+
+
+def test_the_evaluation_cache_holds_what_was_evaluated(tmp_path):
+    """A cache file evaluated for one policy (or other settings that change the figures) is not reused for another."""
+    from dataclasses import replace
+
+    from recruit_trl.evaluate import cache_key, evaluate_cached
+
+    config, cache = EvalConfig(tasks=(TASK,), seeds=(0,)), tmp_path / "eval.json"
+
+    def fresh(policy: str, cfg: EvalConfig) -> list[dict]:
+        return evaluate([policy], cfg, labels=["policy"], progress=False)["results"]
+
+    heuristic = evaluate_cached("heuristic", config, "policy", cache, progress=False)["results"]
+    assert heuristic == fresh("heuristic", config)
+    safe = evaluate_cached("safe", config, "policy", cache, progress=False)["results"]
+    assert safe == fresh("safe", config) != heuristic
+    random = evaluate_cached("random", config, "policy", cache, progress=False)["results"]
+    for changed in (replace(config, policy_seed=1), replace(config, teacher="safe")):
+        again = evaluate_cached("random", changed, "policy", cache, progress=False)["results"]
+        assert again == fresh("random", changed) != random
+    for changed in (replace(config, recent_k=1), replace(config, env="another"), replace(config, batch_size=8)):
+        assert cache_key("random", changed, "policy") != cache_key("random", config, "policy")  # models' settings
+    assert cache_key("random", config, "another label") != cache_key("random", config, "policy")
+    cache.write_text('{"results": [')  # torn by a kill: evaluated again, with a warning
+    with pytest.warns(UserWarning, match="eval.json"):
+        assert evaluate_cached("safe", config, "policy", cache, progress=False)["results"] == safe
+    assert json.loads(cache.read_text())["results"] == safe
+
+
+def test_the_evaluation_cache_follows_the_weights_in_a_model_folder(tiny_model, tmp_path):
+    """Re-training into the same folder (a re-run with more steps) evaluates the new weights, not the cached ones."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from recruit_trl.evaluate import evaluate_cached
+
+    folder = Path(shutil.copytree(tiny_model, tmp_path / "model"))
+    config, cache = EvalConfig(tasks=(TASK,), seeds=(0,), constrained=True), tmp_path / "eval" / "grpo.json"
+    first = evaluate_cached(f"model:{folder}", config, "grpo", cache, progress=False)["results"]
+    torch.manual_seed(1)
+    AutoModelForCausalLM.from_config(AutoModelForCausalLM.from_pretrained(folder).config).save_pretrained(folder)
+    second = evaluate_cached(f"model:{folder}", config, "grpo", cache, progress=False)["results"]
+    assert second == evaluate([f"model:{folder}"], config, labels=["grpo"], progress=False)["results"] != first

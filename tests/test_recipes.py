@@ -297,7 +297,7 @@ def test_grpo_recipe_with_on_policy_anchors_records_them_once(warm_model, tmp_pa
         "--continuation_seeds", "2",
     ]  # fmt: skip
     trainer = recipe.main(*recipe.parse_args(flags))
-    states = tmp_path / "anchor_states.pkl"
+    states = tmp_path / "anchor_states.json"
     assert states.is_file() and json.loads((tmp_path / "run_info.json").read_text())["anchors"] == 3
     keys = trainer.train_dataset["prompt"]
     assert all(json.loads(k)["policy"] == "model:student" for k in keys)
@@ -389,3 +389,60 @@ def test_smollm2_trains_one_lora_sft_step_and_one_lora_grpo_step(tmp_path, quant
     assert sft["model"]["trained"] == "adapter" and (sft["model"]["quantized_layers"] > 0) == quantized
     assert sum(type(m).__name__ == "Linear4bit" for m in trainer.model.modules()) > 0 or not quantized
     assert trainer.state.global_step == 1
+
+
+def test_decision_report_is_cached_for_the_weights_and_environment_it_measured(tmp_path, monkeypatch):
+    """``eval/decisions.json`` is reused only for the same models' weights and environment: a re-run that trains
+    further (or another model) into the same folder measures again."""
+    from types import SimpleNamespace
+
+    import recruit_trl.decisions as decisions
+
+    recipe = load("grpo_clinical")
+    base, out = tmp_path / "base", tmp_path / "run"
+    for folder in (base, out):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"weights")  # the decisions are stubbed: never loaded
+    script_args, _, model_args = recipe.parse_args(["--output_dir", str(out), "--tasks", "hard_bench_stage_30"])
+    trainer = SimpleNamespace(args=SimpleNamespace(output_dir=str(out)), state=SimpleNamespace(global_step=2))
+    measured = []
+    monkeypatch.setattr(decisions, "decision_set", lambda *args, **kwargs: [])
+    monkeypatch.setattr(decisions, "sample_decisions", lambda interface, states, rows: states)
+
+    def evaluate_decisions(interface, policies, states, **kwargs):
+        measured.append((out / "model.safetensors").read_bytes())
+        return {"measured": len(measured)}
+
+    monkeypatch.setattr(decisions, "evaluate_decisions", evaluate_decisions)
+    assert recipe.decision_report(script_args, model_args, trainer, str(base)) == {"measured": 1}
+    assert recipe.decision_report(script_args, model_args, trainer, str(base)) == {"measured": 1}  # cached
+    (out / "model.safetensors").write_bytes(b"trained further")  # the same step count, other weights
+    assert recipe.decision_report(script_args, model_args, trainer, str(base)) == {"measured": 2}
+    (out / "eval" / "decisions.json").write_text('{"key": ')  # torn by a kill: measured again, with a warning
+    with pytest.warns(UserWarning, match="decisions.json"):
+        assert recipe.decision_report(script_args, model_args, trainer, str(base)) == {"measured": 3}
+    script_args.env = "tests.toy_env:TOY"  # hypothetical other environment under the same flags
+    assert recipe.decision_report(script_args, model_args, trainer, str(base)) == {"measured": 4}
+
+
+def test_sft_recipe_redoes_what_files_torn_by_a_kill_recorded(warm_model, tmp_path):
+    """Half-written weights are trained again, and a torn JSON marker is redone with a warning, never a crash."""
+    from safetensors.torch import load as load_bytes
+
+    recipe = load("sft_clinical")
+    flags = [
+        "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", "--train_seeds", "1",
+        "--heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe", "--save_strategy", "no",
+    ]  # fmt: skip
+    report = recipe.main(*recipe.parse_args(flags))
+    weights = tmp_path / "adapter_model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])  # killed while saving: not a finished run
+    assert recipe.main(*recipe.parse_args(flags)).keys() == report.keys()
+    assert load_file(weights).keys() == load_bytes(whole).keys()  # trained again, whole
+    for marker in (tmp_path / "heldout_report.json", tmp_path / "dataset" / "stats.json"):
+        marker.write_text(marker.read_text()[:20])  # torn by a writer killed midway
+    with pytest.warns(UserWarning, match="heldout_report.json"):
+        again = recipe.main(*recipe.parse_args(flags))
+    assert again["data"] == report["data"] == json.loads((tmp_path / "dataset" / "stats.json").read_text())
+    assert json.loads((tmp_path / "heldout_report.json").read_text())["data"] == report["data"]
