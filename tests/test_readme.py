@@ -1,4 +1,4 @@
-"""Every Python snippet in the README runs as written (snippets that talk to a server get a real one)."""
+"""Every Python snippet in the README and in docs/ runs as written (snippets that talk to a server get a real one)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ from servers import env_server_cmd, free_port, start_server, stop_server
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
-SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+# The README and every page of docs/ except the draft of the next README.
+DOCUMENTS = [README, *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "README.draft.md")]
+SNIPPETS = [
+    (doc, code) for doc in DOCUMENTS for code in re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S)
+]
 README_URL = "http://127.0.0.1:8000"
 
 
@@ -24,10 +28,10 @@ def server_url():
 
 @pytest.mark.parametrize("index", range(len(SNIPPETS)))
 def test_readme_python_snippet_runs(index, request):
-    code = SNIPPETS[index]
+    doc, code = SNIPPETS[index]
     if README_URL in code:
         code = code.replace(README_URL, request.getfixturevalue("server_url"))
-    exec(compile(code, f"README.md snippet {index}", "exec"), {})
+    exec(compile(code, f"{doc.relative_to(ROOT)} snippet {index}", "exec"), {})
 
 
 def test_readme_has_the_two_setup_commands():

@@ -1,10 +1,10 @@
-"""Every shell command in the README (and in the experiment log it links) is exercised: run here with a tiny
-budget, or by a named test, or by CI.
+"""Every shell command in the README and in docs/ is exercised: run here with a tiny budget, or by a named test,
+or by CI.
 
-The commands are read from the documents themselves (``bash`` blocks and inline code spans that start with a known
-program), so a new command without coverage fails :func:`test_every_readme_command_is_exercised`. Commands
-that need a GPU are exercised as far as a CPU machine allows: their accelerate config loads and the recipe
-parses their flags.
+The commands are read from the documents' fenced ``bash`` code blocks (never from prose), so a new command in such a
+block without coverage fails :func:`test_every_readme_command_is_exercised`. Full-length runs that no test makes
+(training variants with their flags) are written in ``sh`` blocks, which are not collected. Commands that need a GPU
+are exercised as far as a CPU machine allows: their accelerate config loads and the recipe parses their flags.
 """
 
 from __future__ import annotations
@@ -21,23 +21,21 @@ import yaml
 from servers import free_port, start_server, stop_server
 
 ROOT = Path(__file__).parents[1]
-DOCUMENTS = ("README.md", "docs/experiments.md")
+# README.md and every page of docs/ except the draft of the next README (docs/README.draft.md).
+DRAFTS = {"README.draft.md"}
+DOCUMENTS = ("README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md") if p.name not in DRAFTS))
 DOCS_TEXT = "\n".join((ROOT / name).read_text() for name in DOCUMENTS)
 BIN = Path(sys.executable).parent
-PROGRAMS = ("python ", "accelerate ", "recruit-trl ", "pip ", "bash ")
 
 
 def readme_commands() -> list[str]:
-    """Commands of the documents' ``bash`` blocks (split on ``&&``) and of inline code spans naming a program."""
+    """Commands of the documents' fenced ``bash`` blocks, one per line (continuations joined, split on ``&&``,
+    comment lines skipped). Prose and other code blocks are not read."""
     found: list[str] = []
-    for block in re.findall(r"```bash\n(.*?)```", DOCS_TEXT, flags=re.S):
+    for block in re.findall(r"^```bash\n(.*?)^```", DOCS_TEXT, flags=re.S | re.M):
         for line in block.replace("\\\n", " ").splitlines():
-            found += [part.strip() for part in line.split("&&")]
-    prose = re.sub(r"```.*?```", "", DOCS_TEXT, flags=re.S)
-    for span in re.findall(r"`([^`]+)`", prose):
-        span = " ".join(span.split())
-        if span.startswith(PROGRAMS) and "..." not in span:
-            found.append(span)
+            if not line.lstrip().startswith("#"):
+                found += [part.strip() for part in line.split("&&")]
     return [" ".join(c.split()) for c in dict.fromkeys(found) if c]
 
 
