@@ -24,8 +24,13 @@ def env_server_cmd(port: int, *extra: str) -> list[str]:
             *extra]  # fmt: skip
 
 
+# Generous: a healthy server answers within seconds, but on a small machine shared with other jobs its imports alone
+# (the tests run it at nice 19) have been seen to take over 30 s.
+START_TIMEOUT = 120.0
+
+
 def start_server(
-    cmd: list[str], port: int, timeout: float = 30.0, headers: dict[str, str] | None = None
+    cmd: list[str], port: int, timeout: float = START_TIMEOUT, headers: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen, str]:
     """Run ``cmd`` (a server listening on ``port``) and return ``(process, url)`` once ``/health`` answers 200.
 
