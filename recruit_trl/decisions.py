@@ -256,16 +256,16 @@ def model_answers(
 
     Args:
         model_or_path: a loaded causal LM (then ``tokenizer`` is required), or a local folder holding a full model or
-            a LoRA adapter (loaded by :func:`recruit_trl.evaluate.load_policy_model`).
+            a LoRA adapter (loaded by :func:`recruit_trl.models.load_for_inference`).
         decisions: the rows (each carries its prompt, candidates and contract; one contract for all).
         batch_size: prompts per ``generate`` call.
         constrained: the model can only write one of the listed answers (constrained decoding).
         progress: show a progress bar over the batches.
     """
     if isinstance(model_or_path, str):
-        from recruit_trl.evaluate import load_policy_model
+        from recruit_trl.models import load_for_inference
 
-        model, tokenizer = load_policy_model(model_or_path)
+        model, tokenizer = load_for_inference(model_or_path)
     elif tokenizer is None:
         raise ValueError("model_answers needs the tokenizer of a loaded model")
     else:
@@ -505,12 +505,12 @@ def evaluate_decisions(
         if name.startswith(MODEL_PREFIX):
             path = name[len(MODEL_PREFIX) :]
             if path.strip().lower() == "smollm2":
-                from recruit_trl.models import load_smollm2
+                from recruit_trl.smollm2 import load_smollm2
 
                 path = str(load_smollm2())
-            from recruit_trl.evaluate import load_policy_model
+            from recruit_trl.models import load_for_inference
 
-            model, tokenizer = load_policy_model(path, model_loading)
+            model, tokenizer = load_for_inference(path, model_loading)
             common = {"tokenizer": tokenizer, "batch_size": batch_size, "progress": progress}
             start = time.perf_counter()
             answers = model_answers(model, decisions, **common)

@@ -1,4 +1,4 @@
-"""Evaluation harness: full episodes of any policy over a seed range and tasks, with the metrics that matter.
+"""Evaluation harness: full episodes of any policy over a seed range and tasks.
 
 Policies:
     * any policy the environment registers (``random``, ``heuristic``, ``expert``, ...), called as
@@ -8,32 +8,26 @@ Policies:
       config). Model policies run all episodes in lock-step with batched generation, through the same
       prompt rendering, action contract, strict parser and safe fallback as the RL rollouts.
 
-Metrics per (policy, task): final score mean and sample sd, episode length, strict-JSON rate (model output is
-exactly one JSON object), valid-action rate (the decision parsed under the contract and the environment reported no
-error), fallback rate, teacher match (the fraction of decisions equal to a named teacher policy's on the same
-observation), the action-type distribution, and the interface's episode metrics: for each, ``<name>_mean`` (its
-value at the episode's end), and for its ``curve_metrics`` also ``<name>_at_mean`` (after the days of
-``metric_days``), ``<name>_peak_mean`` and ``<name>_by_day_mean`` (the mean curve over the days); e.g. the clinical
-environment's ``enrolled_*`` and ``budget_left_mean``.
-
-Episodes run in-process, or against an environment server (``env_url``) through the interface's ``remote_env``.
+Each episode is recorded as an :class:`~recruit_trl.eval_metrics.EpisodeLog`, aggregated into one result row per
+(policy, task) by :func:`recruit_trl.eval_metrics.aggregate` (the metrics are described there). Episodes run
+in-process, or against an environment server (``env_url``) through the interface's ``remote_env``.
 
 Per-decision trace (``recruit-trl eval --trace FILE``): one JSON line per decision with the policy, task, seed,
 day, the action played and the teacher's action (both as the prompt describes them), whether they match, whether
 the decision was valid (for a model's rejected answer also its ``text`` and the parser's ``error``), and its
 outcome. Aggregates say *that* a model drifts; the trace shows where: e.g. a student that negotiates every day on
 medium while the expert waits until the last scheduled dropout.
+
+The result cache (:mod:`recruit_trl.eval_cache`), the metrics, the results table and plot (:mod:`recruit_trl.report`)
+and :func:`~recruit_trl.versions.versions` are importable from here too.
 """
 
 from __future__ import annotations
 
 import json
-import platform
 import random
-import statistics
 import time
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -48,16 +42,39 @@ from recruit_trl.contracts import (
     parse_action,
     parse_json_object,
 )
-from recruit_trl.files import read_json, save_figure_atomic, write_json_atomic, write_text_atomic
-from recruit_trl.models import model_fingerprint
+from recruit_trl.eval_cache import EVAL_SCHEMA, cache_key, cached_evaluation, evaluate_cached, evaluate_cached_runs
+from recruit_trl.eval_metrics import CURVE_SUFFIXES, FIXED_MEANS, EpisodeLog, aggregate, curve_names, metric_names
+from recruit_trl.files import write_text_atomic
+from recruit_trl.models import load_for_inference
 from recruit_trl.protocol import EnvInterface, episode_metrics, get_env_interface, policy_action, remote_env
+from recruit_trl.report import format_table, plot_results
 from recruit_trl.traces import match_candidate, same_action, trace_row
+from recruit_trl.versions import versions
 
-# Bumped when the result rows gain fields, so that cached evaluations without them are redone.
-EVAL_SCHEMA = 3
-# Row fields named like an episode metric's mean (``<name>_mean``) that are not one; and what a curve metric adds.
-FIXED_MEANS = ("final_score_mean", "episode_length_mean", "score_terms_mean")
-CURVE_SUFFIXES = ("_at_mean", "_peak_mean", "_by_day_mean")
+__all__ = [
+    "CURVE_SUFFIXES",
+    "EVAL_SCHEMA",
+    "FIXED_MEANS",
+    "EpisodeLog",
+    "EvalConfig",
+    "Evaluator",
+    "aggregate",
+    "cache_key",
+    "cached_evaluation",
+    "curve_names",
+    "evaluate",
+    "evaluate_cached",
+    "evaluate_cached_runs",
+    "format_table",
+    "load_policy_model",
+    "metric_names",
+    "plot_results",
+    "versions",
+    "with_tasks",
+]
+
+#: The loader of model policies (:func:`recruit_trl.models.load_for_inference`), importable under this name too.
+load_policy_model = load_for_inference
 
 
 @dataclass
@@ -81,25 +98,6 @@ class EvalConfig:
     constrained: bool = False  # models answer only with a listed candidate (recruit_trl.generation, allowed=)
     # How models are loaded (recruit_trl.models.loading_config: dtype, attention, 4-bit), as in training.
     model_loading: dict = field(default_factory=dict)
-
-
-@dataclass
-class EpisodeLog:
-    task: str
-    seed: int
-    final_score: float | None = None
-    length: int = 0
-    decisions: int = 0
-    strict_json: int = 0
-    valid: int = 0
-    fallback: int = 0
-    teacher_match: int = 0
-    teacher_checked: int = 0
-    action_types: Counter = field(default_factory=Counter)
-    score_terms: dict[str, float] | None = None
-    metrics: dict[str, list[float]] = field(default_factory=dict)  # each episode metric after every decision
-    own_valid: int = 0  # decisions where the model's own answer was legal (free: it parsed; constrained: unchanged)
-    own_checked: int = 0
 
 
 class Evaluator:
@@ -159,7 +157,7 @@ class Evaluator:
         return logs
 
     def run_model(self, path: str, progress: Callable[[int], None] | None = None) -> list[EpisodeLog]:
-        model, tokenizer = load_policy_model(path, self.config.model_loading)
+        model, tokenizer = load_for_inference(path, self.config.model_loading)
         from transformers import GenerationConfig
 
         from recruit_trl.generation import answer_token_ids, encode_prompt, sample
@@ -317,120 +315,6 @@ def with_tasks(config: EvalConfig, interface: EnvInterface | None = None) -> Eva
     return replace(config, tasks=tuple((interface or get_env_interface(config.env)).tasks()))
 
 
-def aggregate(
-    policy: str,
-    logs: Sequence[EpisodeLog],
-    is_model: bool,
-    curve_metrics: Sequence[str] = (),
-    metric_days: Sequence[int] = (),
-) -> list[dict[str, Any]]:
-    """One result row per task (the JSON schema of ``recruit-trl eval --json``).
-
-    Args:
-        policy: the policy's name in the rows.
-        logs: its episodes.
-        is_model: whether it is a model (strict-JSON and fallback rates apply).
-        curve_metrics: episode metrics whose course is reported too (``<name>_at_mean``, ``_peak_mean``,
-            ``_by_day_mean``); see the module docstring.
-        metric_days: the days of ``<name>_at_mean``.
-
-    Raises:
-        ValueError: when an episode metric's field would overwrite another field of the row.
-    """
-    rows = []
-    for task in dict.fromkeys(log.task for log in logs):
-        group = [log for log in logs if log.task == task]
-        scores = [log.final_score for log in group if log.final_score is not None]
-        decisions = sum(log.decisions for log in group)
-        types = Counter()
-        for log in group:
-            types.update(log.action_types)
-        checked = sum(log.teacher_checked for log in group)
-        terms = [log.score_terms for log in group]
-        head = {
-            "policy": policy,
-            "task": task,
-            "episodes": len(group),
-            "final_score_mean": round(statistics.mean(scores), 4) if scores else None,
-            "final_score_sd": round(statistics.stdev(scores), 4) if len(scores) > 1 else 0.0,
-        }
-        tail = {
-            "episode_length_mean": round(statistics.mean(log.length for log in group), 2),
-            "strict_json_rate": round(sum(log.strict_json for log in group) / decisions, 4) if is_model else None,
-            "valid_action_rate": round(sum(log.valid for log in group) / max(1, decisions), 4),
-            "fallback_rate": round(sum(log.fallback for log in group) / decisions, 4) if is_model else None,
-            "teacher_match": round(sum(log.teacher_match for log in group) / checked, 4) if checked else None,
-            # The model's own answers that were legal: free decoding, those that parsed; greedy constrained
-            # decoding, those the constraint did not change (None for sampled constrained runs and policies).
-            "own_answer_valid_rate": (
-                round(sum(log.own_valid for log in group) / own, 4)
-                if (own := sum(log.own_checked for log in group))
-                else None
-            ),
-            "action_types": {k: round(v / max(1, decisions), 4) for k, v in sorted(types.items())},
-            # Where the points come from: mean of each weighted part of the grade (when the interface says).
-            "score_terms_mean": (
-                {k: round(statistics.mean(t[k] for t in terms), 4) for k in terms[0]} if terms and all(terms) else None
-            ),
-        }
-        metrics = _metric_fields(group, curve_metrics, metric_days)
-        clash = sorted(set(metrics) & (set(head) | set(tail)))
-        if clash:
-            raise ValueError(f"episode metrics {clash} would overwrite result fields of the same name: rename them")
-        rows.append({**head, **metrics, **tail})
-    return rows
-
-
-def _metric_fields(
-    group: Sequence[EpisodeLog], curve_metrics: Sequence[str], metric_days: Sequence[int]
-) -> dict[str, Any]:
-    """The episode metrics' fields of one result row (``group``: the episodes of one task), in the metrics' order.
-
-    Raises:
-        ValueError: when two metrics make the same field (e.g. ``x_peak`` next to the curve metric ``x``).
-    """
-    out: dict[str, Any] = {}
-
-    def put(key: str, value: Any) -> None:
-        if key in out:
-            raise ValueError(f"two episode metrics make the result field {key!r}: rename one")
-        out[key] = value
-
-    for name in group[0].metrics:
-        series = [log.metrics[name] for log in group]
-        put(f"{name}_mean", round(statistics.mean(s[-1] for s in series), 2))
-        if name in curve_metrics:
-            if metric_days:
-                at = {str(d): round(statistics.mean(_value_at(s, d) for s in series), 2) for d in metric_days}
-                put(f"{name}_at_mean", at)
-            put(f"{name}_peak_mean", round(statistics.mean(max(s) for s in series), 2))
-            put(f"{name}_by_day_mean", _mean_curve(series))
-    return out
-
-
-def _value_at(series: Sequence[float], day: int) -> float:
-    """The value after ``day >= 1`` decisions (an episode that ended sooner keeps its last value)."""
-    return series[min(day, len(series)) - 1]
-
-
-def metric_names(row: Mapping[str, Any]) -> list[str]:
-    """The episode metrics of a result row (its other ``<name>_mean`` fields), in the row's order."""
-    derived = {f"{name}{suffix}" for name in curve_names(row) for suffix in CURVE_SUFFIXES}
-    return [k[: -len("_mean")] for k in row if k.endswith("_mean") and k not in FIXED_MEANS and k not in derived]
-
-
-def curve_names(row: Mapping[str, Any]) -> list[str]:
-    """The curve metrics of a result row (those with a ``<name>_by_day_mean`` curve), in the row's order."""
-    return [k[: -len("_by_day_mean")] for k in row if k.endswith("_by_day_mean")]
-
-
-def _mean_curve(curves: Sequence[Sequence[int]]) -> list[float]:
-    """Day-by-day mean over episodes; an episode that ended sooner keeps its last value."""
-    length = max((len(c) for c in curves), default=0)
-    padded = [list(c) + [c[-1] if c else 0] * (length - len(c)) for c in curves]
-    return [round(statistics.mean(column), 2) for column in zip(*padded, strict=True)] if padded else []
-
-
 def evaluate(
     policies: Sequence[str],
     config: EvalConfig,
@@ -479,149 +363,3 @@ def evaluate(
     cfg["policies"] = list(policies)
     cfg["seconds_per_episode"] = timings
     return {"results": results, "config": cfg, "versions": versions()}
-
-
-def cached_evaluation(policy: str, config: EvalConfig, label: str, path: str | Path) -> dict[str, Any] | None:
-    """The evaluation in the JSON file ``path`` if it was written for the same :func:`cache_key`, else ``None`` (also
-    for a file that does not parse, with a warning)."""
-    return _cached(path, cache_key(policy, config, label))
-
-
-def _cached(path: str | Path, key: dict[str, Any]) -> dict[str, Any] | None:
-    part = read_json(path)
-    return part if isinstance(part, dict) and all(part.get(k) == v for k, v in key.items()) else None
-
-
-def cache_key(policy: str, config: EvalConfig, label: str) -> dict[str, Any]:
-    """Everything that decides the rows of ``evaluate([policy], config, labels=[label])``.
-
-    The policy, its label in the rows, the fingerprint of a ``model:PATH`` policy's weights, configs and tokenizer
-    (:func:`recruit_trl.models.model_fingerprint`: a re-run that trains further into the same folder is evaluated
-    again), every setting of ``config`` but those that say where the episodes run (``env_url``, ``transport``), and
-    the rows' :data:`EVAL_SCHEMA`. JSON values, compared with the file's top-level fields.
-    """
-    settings = {
-        k: (list(v) if isinstance(v, tuple | range) else v)
-        for k, v in with_tasks(config).__dict__.items()
-        if k not in ("env_url", "transport")
-    }
-    weights = model_fingerprint(policy[len("model:") :]) if policy.startswith("model:") else None
-    return {"policy": policy, "label": label, "weights": weights, **settings, "schema": EVAL_SCHEMA}
-
-
-def evaluate_cached(
-    policy: str, config: EvalConfig, label: str, path: str | Path, *, progress: bool = True
-) -> dict[str, Any]:
-    """``evaluate([policy], config, labels=[label])`` cached in the JSON file ``path``.
-
-    The file is reused when it holds the same :func:`cache_key` (a re-run does not redo a finished evaluation, and
-    never reports another policy's or another checkpoint's figures) and is written atomically (an interrupted run
-    leaves no partial file). Returns the evaluation with its cache key.
-    """
-    key = cache_key(policy, config, label)
-    part = _cached(path, key)
-    if part is None:
-        part = {**evaluate([policy], config, labels=[label], progress=progress), **key}
-        write_json_atomic(path, part)
-    return part
-
-
-def evaluate_cached_runs(runs: Sequence[tuple[str, str, EvalConfig, str]]) -> None:
-    """:func:`evaluate_cached` for each ``(label, policy, config, path)`` in turn (a background process's work)."""
-    for label, policy, config, path in runs:
-        evaluate_cached(policy, config, label, path, progress=False)
-
-
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for name in ("recruit_trl", "torch", "transformers", "trl", "peft"):
-        try:
-            module = __import__(name)
-            out[name] = getattr(module, "__version__", "?")
-        except ImportError:
-            continue
-    return out
-
-
-def load_policy_model(path: str, loading: dict | None = None):
-    """A causal LM (or a LoRA adapter on its base model) and its tokenizer, in eval mode, from a local folder, loaded
-    as ``loading`` says (:func:`recruit_trl.models.loading_config`: dtype, attention, 4-bit)."""
-    from recruit_trl.models import load_for_inference
-
-    return load_for_inference(path, loading)
-
-
-def format_table(results: Sequence[dict[str, Any]]) -> str:
-    """The results as a plain-text table, with a column for each episode metric the rows carry."""
-    metrics = list(dict.fromkeys(name for r in results for name in metric_names(r)))
-    widths = {name: max(10, len(name) + 2) for name in metrics}
-    columns = "".join(f"{name:>{widths[name]}}" for name in metrics)
-    header = (
-        f"{'policy':<22}{'task':<22}{'score':>16}{columns}{'len':>6}{'json':>7}{'valid':>7}{'fallbk':>7}{'teach':>7}"
-        "  top action"
-    )
-    lines = [header, "-" * len(header)]
-
-    def pct(x, digits=0):
-        return "-" if x is None else f"{100 * x:.{digits}f}%"
-
-    def number(x):  # tenths for small numbers (counts), whole units for large ones (e.g. money)
-        return "-" if x is None else f"{x:.1f}" if abs(x) < 1000 else f"{x:.0f}"
-
-    for r in results:
-        top = max(r["action_types"], key=r["action_types"].get) if r["action_types"] else "-"
-        score = "-" if r["final_score_mean"] is None else f"{r['final_score_mean']:.3f} ± {r['final_score_sd']:.3f}"
-        values = "".join(f"{number(r.get(f'{name}_mean')):>{widths[name]}}" for name in metrics)
-        lines.append(
-            f"{r['policy'][:21]:<22}{r['task']:<22}{score:>16}{values}{r['episode_length_mean']:>6.0f}"
-            f"{pct(r['strict_json_rate']):>7}{pct(r['valid_action_rate'], 1):>7}{pct(r['fallback_rate']):>7}"
-            f"{pct(r['teacher_match']):>7}  {top} {pct(r['action_types'].get(top))}"
-        )
-    return "\n".join(lines)
-
-
-def plot_results(
-    results: Sequence[dict[str, Any]],
-    path: str | Path,
-    title: str = "Final score by policy",
-    references: Mapping[str, float] | None = None,
-) -> Path:
-    """Grouped bars of the mean final score (± sd) per task and policy, with the tasks' ``references`` (e.g. the
-    interface's ``reference_scores``) marked as dashed lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = list(dict.fromkeys(r["task"] for r in results))
-    policies = list(dict.fromkeys(r["policy"] for r in results))
-    width = 0.8 / max(1, len(policies))
-    references = {task: score for task, score in (references or {}).items() if task in tasks}
-    entries = len(policies) + bool(references)  # the policies and the reference line
-    legend_cols = min(5, entries)
-    legend_rows = -(-entries // legend_cols)
-    fig, ax = plt.subplots(figsize=(1.8 + 2.2 * len(tasks), 4.2 + 0.25 * legend_rows))
-    for k, policy in enumerate(policies):
-        xs, ys, errs = [], [], []
-        for t, task in enumerate(tasks):
-            row = next((r for r in results if r["policy"] == policy and r["task"] == task), None)
-            if row and row["final_score_mean"] is not None:
-                xs.append(t + (k - (len(policies) - 1) / 2) * width)
-                ys.append(row["final_score_mean"])
-                errs.append(row["final_score_sd"])
-        ax.bar(xs, ys, width, yerr=errs, capsize=2, label=policy)
-    for t, task in enumerate(tasks):
-        if task in references:
-            ax.hlines(references[task], t - 0.45, t + 0.45, colors="black", linestyles="dashed")
-    if references:
-        ax.plot([], [], "k--", label="best reference policy")
-    ax.set_xticks(range(len(tasks)), tasks)
-    ax.set_ylabel("final grader score")
-    ax.set_ylim(0, 1)
-    ax.set_title(title)
-    # Below the axes: inside, it covers the tallest bars once there are more than a few policies.
-    ax.legend(fontsize=8, ncols=legend_cols, loc="upper center", bbox_to_anchor=(0.5, -0.1))
-    fig.tight_layout()
-    path = save_figure_atomic(fig, path, dpi=120)
-    plt.close(fig)
-    return path

@@ -1,4 +1,5 @@
-"""Run reports: training curves from a trainer's log history, plots, ``report.json`` and a one-screen summary.
+"""Run reports: training curves from a trainer's log history, plots, ``report.json``, a one-screen summary and the
+evaluation results as a plain-text table (:func:`format_table`).
 
 Plots (PNG, written next to ``report.json``):
 * ``training_curves.png``: mean reward and invalid-action / fallback rates per optimizer step;
@@ -18,11 +19,11 @@ report has none.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from recruit_trl.evaluate import curve_names, metric_names, plot_results
+from recruit_trl.eval_metrics import curve_names, metric_names
 from recruit_trl.files import save_figure_atomic, write_json_atomic
 from recruit_trl.protocol import EnvInterface
 
@@ -56,6 +57,76 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def format_table(results: Sequence[dict[str, Any]]) -> str:
+    """The results as a plain-text table, with a column for each episode metric the rows carry."""
+    metrics = list(dict.fromkeys(name for r in results for name in metric_names(r)))
+    widths = {name: max(10, len(name) + 2) for name in metrics}
+    columns = "".join(f"{name:>{widths[name]}}" for name in metrics)
+    header = (
+        f"{'policy':<22}{'task':<22}{'score':>16}{columns}{'len':>6}{'json':>7}{'valid':>7}{'fallbk':>7}{'teach':>7}"
+        "  top action"
+    )
+    lines = [header, "-" * len(header)]
+
+    def pct(x, digits=0):
+        return "-" if x is None else f"{100 * x:.{digits}f}%"
+
+    def number(x):  # tenths for small numbers (counts), whole units for large ones (e.g. money)
+        return "-" if x is None else f"{x:.1f}" if abs(x) < 1000 else f"{x:.0f}"
+
+    for r in results:
+        top = max(r["action_types"], key=r["action_types"].get) if r["action_types"] else "-"
+        score = "-" if r["final_score_mean"] is None else f"{r['final_score_mean']:.3f} ± {r['final_score_sd']:.3f}"
+        values = "".join(f"{number(r.get(f'{name}_mean')):>{widths[name]}}" for name in metrics)
+        lines.append(
+            f"{r['policy'][:21]:<22}{r['task']:<22}{score:>16}{values}{r['episode_length_mean']:>6.0f}"
+            f"{pct(r['strict_json_rate']):>7}{pct(r['valid_action_rate'], 1):>7}{pct(r['fallback_rate']):>7}"
+            f"{pct(r['teacher_match']):>7}  {top} {pct(r['action_types'].get(top))}"
+        )
+    return "\n".join(lines)
+
+
+def plot_results(
+    results: Sequence[dict[str, Any]],
+    path: str | Path,
+    title: str = "Final score by policy",
+    references: Mapping[str, float] | None = None,
+) -> Path:
+    """Grouped bars of the mean final score (± sd) per task and policy, with the tasks' ``references`` (e.g. the
+    interface's ``reference_scores``) marked as dashed lines."""
+    plt = _pyplot()
+    tasks = list(dict.fromkeys(r["task"] for r in results))
+    policies = list(dict.fromkeys(r["policy"] for r in results))
+    width = 0.8 / max(1, len(policies))
+    references = {task: score for task, score in (references or {}).items() if task in tasks}
+    entries = len(policies) + bool(references)  # the policies and the reference line
+    legend_cols = min(5, entries)
+    legend_rows = -(-entries // legend_cols)
+    fig, ax = plt.subplots(figsize=(1.8 + 2.2 * len(tasks), 4.2 + 0.25 * legend_rows))
+    for k, policy in enumerate(policies):
+        xs, ys, errs = [], [], []
+        for t, task in enumerate(tasks):
+            row = next((r for r in results if r["policy"] == policy and r["task"] == task), None)
+            if row and row["final_score_mean"] is not None:
+                xs.append(t + (k - (len(policies) - 1) / 2) * width)
+                ys.append(row["final_score_mean"])
+                errs.append(row["final_score_sd"])
+        ax.bar(xs, ys, width, yerr=errs, capsize=2, label=policy)
+    for t, task in enumerate(tasks):
+        if task in references:
+            ax.hlines(references[task], t - 0.45, t + 0.45, colors="black", linestyles="dashed")
+    if references:
+        ax.plot([], [], "k--", label="best reference policy")
+    ax.set_xticks(range(len(tasks)), tasks)
+    ax.set_ylabel("final grader score")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    # Below the axes: inside, it covers the tallest bars once there are more than a few policies.
+    ax.legend(fontsize=8, ncols=legend_cols, loc="upper center", bbox_to_anchor=(0.5, -0.1))
+    fig.tight_layout()
+    return _save(fig, plt, path)
 
 
 def plot_training(curves: dict[str, list], path: str | Path) -> Path:
@@ -302,11 +373,11 @@ def summary(report: dict[str, Any], interface: EnvInterface | None = None) -> st
                 cells.append(" / ".join(f"{x:.1f}" for x in numbers).rjust(24))
             lines.append(f"{policy:<12}" + " |".join(cells))
     if report.get("decisions"):
-        from recruit_trl.decisions import format_table
+        from recruit_trl.decisions import format_table as decision_table
 
         rows = report["decisions"]["config"]["decisions"]
         lines += ["", f"decision level: {rows} held-out decisions (greedy, free decoding), state values", ""]
-        lines.append(format_table(report["decisions"]))
+        lines.append(decision_table(report["decisions"]))
     for key in ("seconds", "output_dir"):
         if key in report:
             lines.append(f"{key}: {report[key]}")

