@@ -4,9 +4,9 @@ What it measures (printed as one JSON object and written atomically to ``<output
 seconds per optimizer step (rollout, loss, backward and update; median over the steps after the first, which pays
 for warm-up), peak GPU memory (``torch.cuda.max_memory_allocated`` from loading the 4-bit model to the end of
 training, GiB; ``null`` on CPU), generated tokens per second in the rollouts' ``generate`` calls (after the first),
-the rollouts' valid-action rate (``1 - rollout/invalid_action_rate``: the model's answers that parsed as a listed
-action and that the environment took without error), the device, library versions, the parameter count, the number
-of ``bitsandbytes.nn.Linear4bit`` layers actually loaded, and the configuration used.
+the rollouts' valid-action rate (``1 - rollout/invalid_action_rate``: the answers that parsed as a listed action
+and that the environment took without error), the device, library versions, the parameter count, the number of
+``bitsandbytes.nn.Linear4bit`` layers actually loaded, and the configuration used.
 
 Nothing is downloaded. The model is built from ``transformers.Qwen3Config`` with Qwen3-4B's dimensions and random
 weights, saved (bf16 on GPU) with a small byte-level BPE tokenizer trained on rendered environment prompts
@@ -14,10 +14,11 @@ weights, saved (bf16 on GPU) with a small byte-level BPE tokenizer trained on re
 ``recipes/grpo_clinical.py --load_in_4bit`` loads a model: ``GRPOTrainer`` gets the folder, a 4-bit NF4
 ``BitsAndBytesConfig`` and a LoRA ``peft_config`` (r=16, every linear layer), and trains with the project's branch
 rollouts (``recruit_trl.rollout.make_rollout``) on clinical anchors with a 4-day continuation horizon, so the
-environment does not dominate, and the grader_heuristic as guide policy, so that the groups of a model whose answers
-never parse still differ and the LoRA weights get real gradients (``grad_norm``). A random model almost never writes
-a legal answer: its valid-action rate checks the plumbing, not a policy; the speed and memory figures are those of a
-Qwen3-4B QLoRA run of the same shape (prompt lengths are the small tokenizer's, ``prompt_tokens_per_decision``).
+environment does not dominate, and constrained decoding, so that a random model's samples are listed actions: the
+rows of a group play different actions, their rewards differ and the LoRA weights get real gradients
+(``grad_norm``). A random model is no policy: the valid-action rate checks the plumbing; the speed and memory figures
+are those of a Qwen3-4B QLoRA run of the same shape (prompt lengths are the small tokenizer's,
+``prompt_tokens_per_decision``).
 
 Run it on a machine with one CUDA GPU (at most 8 minutes; the model build and 4-bit load take most of it)::
 
@@ -81,16 +82,15 @@ DRY_RUN_MODEL = {
     "max_position_embeddings": 2048,
 }
 # Anchors and rollouts: every task, two reset seeds, three days each (18 anchors); 4 continuation days per action,
-# so that the environment does not dominate. A random model's answers never parse, so every row of a group would
-# play the same fallback action: equal rewards, zero advantages, zero gradients. The guide puts the
-# grader_heuristic's answer into each group (the project's off-policy guidance), so the groups differ and the
-# 4-bit LoRA backward pass produces real gradients (grad_norm > 0). Guided rows are left out of the valid-action rate.
+# so that the environment does not dominate. A random model's free answers never parse, so every row of a group would
+# play the same fallback action: equal rewards, zero advantages, zero gradients. Constrained decoding samples listed
+# actions only, so the rows of a group differ and the 4-bit LoRA backward pass produces real gradients (grad_norm > 0).
 ROLLOUT = {
     "tasks": ["easy_bench", "medium_bench", "hard_bench"],
     "anchor_seeds": "100-101",
     "anchor_days": "0-100:50",
     "horizon": 4,
-    "guide_policy": "grader_heuristic",
+    "constrained_decoding": True,
     "reward_funcs": ["env_return_reward", "format_reward"],
 }
 REWARD_WEIGHTS = [1.0, 1.0]
@@ -202,8 +202,7 @@ class GenerationTimer:
     """Times the rollout's ``generate`` calls: wall seconds and the completion tokens each returns.
 
     It takes the place of the rollout's ``_generate`` on that one object: timing the whole rollout call would also
-    count the environment and the guide's log-probability pass, and the guide replaces sampled completions, so the
-    tokens that come out of the rollout are not all the ones generated.
+    count the environment.
     """
 
     def __init__(self, rollout) -> None:
@@ -388,7 +387,6 @@ def main(args: argparse.Namespace) -> dict:
         "gen_tokens_per_decision": _round(logged_mean(history, "rollout/gen_tokens_per_decision"), 2),
         "prompt_tokens_per_decision": _round(logged_mean(history, "rollout/prompt_tokens_per_decision"), 1),
         "grad_norm": _round(logged_mean(history, "grad_norm"), 6),
-        "guided_rate": _round(logged_mean(history, "rollout/guided_rate"), 4),
         "env_time_share": _round(logged_mean(history, "rollout/env_time_share"), 4),
         "device": device_name(cuda),
         "versions": versions(),

@@ -5,6 +5,68 @@ step-level groups from the same state, and model output goes through a strict ac
 safe fallback. The plugin reaches an environment only through a small protocol (reset, step,
 snapshot/restore, a text rendering of the observation and the legal actions), so environments other
 than the bundled clinical recruitment one (:mod:`env`) can be added without touching it.
+
+The public API, importable from here::
+
+    from recruit_trl import RolloutConfig, get_env_interface, get_reward_funcs, make_rollout
+
+    rollout = make_rollout(RolloutConfig(env="clinical"))  # GRPOTrainer(..., rollout_func=rollout)
+
+Names are imported on first use: ``import recruit_trl`` stays light (the rollouts import torch and transformers).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "make_rollout": "recruit_trl.rollout",
+    "BranchRollout": "recruit_trl.rollout",
+    "WindowRollout": "recruit_trl.rollout",
+    "RolloutConfig": "recruit_trl.rollout_config",
+    "PromptConfig": "recruit_trl.rollout_config",
+    "EnvInterface": "recruit_trl.protocol",
+    "MultiStepEnv": "recruit_trl.protocol",
+    "register_env": "recruit_trl.protocol",
+    "get_env_interface": "recruit_trl.protocol",
+    "get_reward_funcs": "rewards",
+    "ReinforceTrainer": "recruit_trl.reinforce",
+}
+
+__all__ = [
+    "BranchRollout",
+    "EnvInterface",
+    "MultiStepEnv",
+    "PromptConfig",
+    "ReinforceTrainer",
+    "RolloutConfig",
+    "WindowRollout",
+    "__version__",
+    "get_env_interface",
+    "get_reward_funcs",
+    "make_rollout",
+    "register_env",
+]
+
+if TYPE_CHECKING:
+    from recruit_trl.protocol import EnvInterface, MultiStepEnv, get_env_interface, register_env
+    from recruit_trl.reinforce import ReinforceTrainer
+    from recruit_trl.rollout import BranchRollout, WindowRollout, make_rollout
+    from recruit_trl.rollout_config import PromptConfig, RolloutConfig
+    from rewards import get_reward_funcs
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

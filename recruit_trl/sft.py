@@ -1,4 +1,5 @@
-"""SFT warm start data: teacher traces as a chat dataset, balanced by action type, with a held-out split.
+"""SFT warm start: its settings, its data (teacher traces as a chat dataset, balanced by action type, with a
+held-out split), the DAgger rows, the choice of round and the held-out report.
 
 The rows are TRL conversational prompt/completion rows rendered exactly like the RL rollouts (same system
 prompt, state rendering, candidate list and action contract), so the adapter trained here is the starting
@@ -7,6 +8,8 @@ policy of the GRPO and REINFORCE recipes. The split is by reset seed (no episode
 Action-type balancing caps every action type at ``max_type_fraction`` of the training rows by subsampling the
 over-represented types: the reference's own SFT collapsed to 100% ``adjust_strategy``; a model trained on
 balanced data cannot win by always predicting the majority action.
+
+The training loop itself (``SFTTrainer``, DAgger rounds, caching) is :mod:`recruit_trl.warm_start`.
 """
 
 from __future__ import annotations
@@ -14,11 +17,73 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from recruit_trl.contracts import drop_listed_candidate, parse_index, parse_json_object
+from recruit_trl.contracts import parse_index, parse_json_object
 from recruit_trl.protocol import EnvInterface
 from recruit_trl.traces import TraceStats, collect_traces
+
+
+@dataclass
+class SFTArguments:
+    """The SFT warm start's settings beyond ``SFTConfig`` and ``ModelConfig``, declared once for both recipes.
+
+    ``recipes/sft_clinical.py`` takes them under these names and defaults. The GRPO recipe, whose warm start runs
+    the same pipeline, takes them as ``--sft_<name>`` (``--teacher`` and ``--dagger_*`` unprefixed) with the main
+    job's defaults (:data:`recruit_trl.training.MAIN_JOB_SFT`).
+    """
+
+    teacher: str = field(default="safe", metadata={"help": "Teacher policy registered by the environment."})
+    train_seeds: str = field(default="300-311", metadata={"help": "Reset seeds of the teacher's training episodes."})
+    heldout_seeds: str = field(
+        default="400-402", metadata={"help": "Reset seeds of the held-out episodes (the teacher-match report)."}
+    )
+    heldout_rows: int = field(
+        default=0, metadata={"help": "Held-out rows in the report: a fixed random subset of them (0: all)."}
+    )
+    epsilon: float = field(
+        default=0.1,
+        metadata={"help": "Random-candidate rate while tracing the teacher (state coverage; the states it reaches "
+                  "are labelled with the teacher's action)."},
+    )  # fmt: skip
+    max_type_fraction: float = field(default=0.35, metadata={"help": "Cap on any action type's share of rows."})
+    balance_by_task: bool = field(default=True, metadata={"help": "Apply the cap within every task's rows."})
+    dagger_rounds: int = field(
+        default=0,
+        metadata={"help": "DAgger rounds after the first fit: the model plays, the teacher labels its states."},
+    )
+    dagger_seeds: str = field(
+        default="300-307", metadata={"help": "Reset seeds the model plays in each DAgger round."}
+    )
+    dagger_epochs: float = field(
+        default=1.0,
+        metadata={"help": "Epochs over all data so far in each DAgger round (rows are reshuffled every round)."},
+    )
+    keep_best_round: bool = field(
+        default=True,
+        metadata={"help": "With DAgger rounds: the last round's student also plays the DAgger seeds, and the round "
+                  "whose student scored best (mean final score over the tasks) is the model saved, not necessarily "
+                  "the last."},
+    )  # fmt: skip
+    token_metrics: str = field(
+        default="auto",
+        metadata={"help": "'true': TRL's loss (a chunked pass over the LM head that also logs entropy and mean token "
+                  "accuracy each step, lean on memory for large vocabularies); 'false': the model's own "
+                  "cross-entropy on the same completion tokens (about 20%% faster steps for the tiny model on CPU); "
+                  "'auto': false when the vocabulary has fewer than 32k tokens."},
+    )  # fmt: skip
+    length_buckets: bool = field(
+        default=False,
+        metadata={"help": "Batches of rows of similar lengths, in random order: about 30%% faster steps for the tiny "
+                  "model on CPU (prompts run from about 250 to 570 tokens). Each batch then holds one range of days "
+                  "and tasks, which can collapse a DAgger round (medium greedy 0.330 when the last round is kept "
+                  "whatever it scored), so the main job turns it on only together with keeping the best round."},
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if str(self.token_metrics).lower() not in ("auto", "true", "false"):
+            raise ValueError(f"token_metrics must be auto, true or false, not {self.token_metrics!r}")
 
 
 def balance_action_types(
@@ -62,120 +127,6 @@ def balance_action_types(
     return [rows[i] for i in sorted(chosen)]
 
 
-def _parse_task_days(spec: str, kind: str, tail_name: str, example: str, parse_tail, tail_ok, tail_rule: str):
-    """``"TASK:FIRST-LAST:TAIL"`` -> ``(task, first_day, last_day, parse_tail(TAIL))``; a clear ``ValueError``
-    naming ``kind`` otherwise."""
-    try:
-        task, days, tail = spec.split(":")
-        first, last = (int(d) for d in days.split("-"))
-        value = parse_tail(tail)
-    except ValueError:
-        raise ValueError(f"{kind} spec {spec!r} is not TASK:FIRST-LAST:{tail_name} (e.g. {example})") from None
-    if not task or first > last or first < 0 or not tail_ok(value):
-        raise ValueError(f"{kind} spec {spec!r}: need a task, 0 <= FIRST <= LAST and {tail_rule}")
-    return task, first, last, value
-
-
-def _check_tasks(specs: Sequence[str], tasks: Sequence[str], parse, flag: str) -> None:
-    for spec in specs:
-        if parse(spec)[0] not in tasks:
-            raise ValueError(f"{flag} {spec!r}: its task is not one of --tasks {list(tasks)}")
-
-
-def parse_oversample(spec: str) -> tuple[str, int, int, int]:
-    """``"TASK:FIRST-LAST:FACTOR"`` -> ``(task, first_day, last_day, factor)``; a clear ``ValueError`` otherwise."""
-    return _parse_task_days(
-        spec, "oversample", "FACTOR", "hard_bench:137-179:3", int, lambda times: times >= 1, "FACTOR >= 1"
-    )
-
-
-def check_oversample(specs: Sequence[str], tasks: Sequence[str], flag: str = "--oversample") -> None:
-    """Raise a clear ``ValueError`` for a malformed spec or one whose task is not in ``tasks`` (a typo would
-    silently repeat nothing)."""
-    _check_tasks(specs, tasks, parse_oversample, flag)
-
-
-def parse_extra_traces(spec: str) -> tuple[str, int, int, list[int]]:
-    """``"TASK:FIRST-LAST:SEEDS"`` -> ``(task, first_day, last_day, seeds)`` (``SEEDS`` as in ``500-531`` or
-    ``500,502``); a clear ``ValueError`` otherwise."""
-    from recruit_trl.training import parse_int_ranges  # training imports this module
-
-    return _parse_task_days(
-        spec, "extra traces", "SEEDS", "hard_bench:137-180:500-531", parse_int_ranges, bool, "at least one seed"
-    )
-
-
-def check_extra_traces(specs: Sequence[str], tasks: Sequence[str], flag: str = "--extra_traces") -> None:
-    """Raise a clear ``ValueError`` for a malformed spec or one whose task is not in ``tasks``."""
-    _check_tasks(specs, tasks, parse_extra_traces, flag)
-
-
-def extra_trace_rows(
-    interface: EnvInterface, specs: Sequence[str], *, epsilon: float = 0.0, seed: int = 0, **common: Any
-) -> list[dict[str, Any]]:
-    """The teacher's rows of some task days, from episodes of their own seeds (``TASK:FIRST-LAST:SEEDS`` each).
-
-    A long episode's decisive days can be a few rows per episode: on hard the expert enrols after the scheduled
-    dropout of day 137 and stops on day 162, before the last three, about 25 of its ~160 decisions. Repeating
-    those rows (:func:`oversample_rows`) repeats the same few states; more episodes show the same decisions in
-    new states. The whole episode is played (the days before lead to the states), only the chosen days are kept.
-    Measured in the main job (hard's days 137..180 from 32 more episodes, three training seeds): a better warm
-    start on average, a worse GRPO model, and still no stop on hard, so the main job leaves it off.
-    """
-    rows: list[dict[str, Any]] = []
-    for i, (task, first, last, seeds) in enumerate(map(parse_extra_traces, specs)):
-        traced = collect_traces(interface, [task], seeds, epsilon=epsilon, rng_seed=seed + 7 + i, **common)
-        rows += [r for r in traced if first <= r["day"] <= last]
-    return rows
-
-
-def check_drop_candidate(fraction: float, contract: str, flag: str = "--drop_candidate") -> None:
-    """Raise a clear ``ValueError`` for a fraction outside [0, 1], or for a non-zero one without the index contract
-    (a JSON answer names no listed candidate to leave out)."""
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"{flag} must be in [0, 1], got {fraction}")
-    if fraction and contract != "index":
-        raise ValueError(f"{flag} needs the index contract (--contract index)")
-
-
-def oversample_rows(rows: Sequence[dict[str, Any]], specs: Sequence[str]) -> list[dict[str, Any]]:
-    """Every row of a chosen task on a chosen range of days repeated ``FACTOR`` times in all (the rest once).
-
-    A long episode's decisive decisions can be a handful of days at its end (hard's endgame: enrol after the
-    scheduled dropout of day 152, stop on day 162 before the last three), a few dozen rows among thousands that
-    the balancing by action type does not reach. Repeats are appended after the originals, so a row's first copy
-    keeps its place; the trainer shuffles.
-    """
-    out = list(rows)
-    for task, first, last, times in map(parse_oversample, specs):
-        chosen = [r for r in rows if r["task"] == task and first <= r["day"] <= last]
-        out += chosen * (times - 1)
-    return out
-
-
-def drop_candidates(rows: Sequence[dict[str, Any]], fraction: float, seed: int = 0) -> list[dict[str, Any]]:
-    """Each row, with probability ``fraction``, shown with one listed candidate (not the answer, drawn uniformly)
-    left out and the rest renumbered (:func:`recruit_trl.contracts.drop_listed_candidate`); the others unchanged.
-
-    Which lines a list holds varies from state to state (a focus only while the best site lacks it, patients as
-    they come), and a small model partly learns answers as positions: on medium the main job's model answered the
-    negotiation's usual index on days its list was one line shorter, one past the end. A teacher that chose ``k``
-    from a list still chooses it from the list without another option, so these rows teach the same choices at
-    shifted positions. Rows without an index answer or with a single candidate are kept as they are.
-    """
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"drop fraction must be in [0, 1], got {fraction}")
-    rng = random.Random(seed)
-    out = []
-    for row in rows:
-        answer = parse_index(row["completion"], len(row["candidate_types"]))[0]
-        others = [k for k in range(len(row["candidate_types"])) if k != answer]
-        if fraction and answer is not None and others and rng.random() < fraction:
-            row = drop_listed_candidate(row, rng.choice(others))
-        out.append(row)
-    return out
-
-
 def to_conversational(rows: Sequence[dict[str, Any]]):
     """Trace rows -> a ``datasets.Dataset`` with ``prompt``/``completion`` message lists plus metadata columns."""
     from datasets import Dataset
@@ -208,44 +159,30 @@ def build_sft_datasets(
     epsilon: float = 0.0,
     max_type_fraction: float = 0.35,
     balance_by: str | None = None,
-    oversample: Sequence[str] = (),
-    drop_fraction: float = 0.0,
-    extra_traces: Sequence[str] = (),
     seed: int = 0,
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """Teacher traces -> (train Dataset, held-out Dataset, stats). The training part gains the rows of
-    ``extra_traces`` (:func:`extra_trace_rows`), is balanced, then has a candidate left out of ``drop_fraction`` of
-    its rows (:func:`drop_candidates`), then is oversampled (:func:`oversample_rows`)."""
+    """Teacher traces -> (train Dataset, held-out Dataset, stats); the training part is balanced by action type
+    (:func:`balance_action_types`), the held-out part kept whole."""
     if set(train_seeds) & set(heldout_seeds):
         raise ValueError("train and held-out seeds overlap")
-    extra_seeds = {s for spec in extra_traces for s in parse_extra_traces(spec)[3]}
-    if extra_seeds & set(heldout_seeds):
-        raise ValueError("extra trace seeds and held-out seeds overlap")
     train_stats, heldout_stats = TraceStats(), TraceStats()
     common = {"teacher": teacher, "contract": contract, "recent_k": recent_k}
     train_rows = collect_traces(
         interface, tasks, train_seeds, epsilon=epsilon, stats=train_stats, rng_seed=seed, **common
     )
     heldout_rows = collect_traces(interface, tasks, heldout_seeds, stats=heldout_stats, rng_seed=seed + 1, **common)
-    extra_rows = extra_trace_rows(interface, extra_traces, epsilon=epsilon, seed=seed, **common)
-    train_rows += extra_rows
     balanced = balance_action_types(train_rows, max_type_fraction, seed, group_by=balance_by)
-    shifted = drop_candidates(balanced, drop_fraction, seed)
-    trained = oversample_rows(shifted, oversample)
     stats = {
         "teacher": teacher,
         "train_rows_raw": len(train_rows),
-        "train_rows": len(trained),
-        "train_rows_extra": len(extra_rows),
-        "train_rows_repeated": len(trained) - len(balanced),
-        "train_rows_candidate_dropped": sum(a is not b for a, b in zip(balanced, shifted, strict=True)),
+        "train_rows": len(balanced),
         "heldout_rows": len(heldout_rows),
         "skipped_unlisted_teacher_actions": train_stats.skipped + heldout_stats.skipped,
         "train_action_types_raw": dict(Counter(r["action_type"] for r in train_rows)),
         "train_action_types": dict(Counter(r["action_type"] for r in balanced)),
         "heldout_action_types": dict(Counter(r["action_type"] for r in heldout_rows)),
     }
-    return to_conversational(trained), to_conversational(heldout_rows), stats
+    return to_conversational(balanced), to_conversational(heldout_rows), stats
 
 
 def dagger_rows(
@@ -319,8 +256,7 @@ def heldout_report(
 
     A prediction is valid when it parses under the contract (index in range; for ``json``, an action the
     interface validates). ``teacher_match_by_type`` breaks the teacher match down by task and the teacher's action
-    type (``[rate, rows]``): an overall match hides where a warm start misses the teacher (docs/experiments.md,
-    twenty-fourth session).
+    type (``[rate, rows]``): an overall match can hide a task or an action type the warm start misses.
     """
     from transformers import GenerationConfig
 

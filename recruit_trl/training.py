@@ -1,16 +1,22 @@
-"""Shared wiring for the recipes: script arguments, model resolution, anchors, CPU defaults, trainer metrics.
+"""Shared wiring for the recipes: script arguments, model resolution, anchors, the model RL starts from, defaults.
 
-The recipes (``recipes/*.py``) stay readable top to bottom; the pieces they share live here.
+The recipes (``recipes/*.py``) stay readable top to bottom; the pieces they share live here. The RL recipes'
+arguments (:class:`ScriptArguments`) are groups of settings joined by inheritance, each declared once: the rollout's
+(:class:`~recruit_trl.rollout_config.RolloutConfig`), the tasks (:class:`TaskArguments`, shared with the SFT recipe),
+the warm start's (:class:`WarmStartArguments`, and :class:`~recruit_trl.sft.SFTArguments` renamed ``--sft_*``:
+:data:`MainJobSFTArguments`), the report's (:class:`ReportArguments`), and the anchors and rewards.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass
+from pathlib import Path
+from typing import Any, get_type_hints
 
 from recruit_trl.anchors import (
     MODEL_PREFIX,
@@ -23,8 +29,8 @@ from recruit_trl.anchors import (
 )
 from recruit_trl.models import model_fingerprint
 from recruit_trl.protocol import EnvInterface
-from recruit_trl.rollout import RolloutConfig
-from recruit_trl.sft import check_drop_candidate, check_extra_traces, check_oversample
+from recruit_trl.rollout_config import RolloutConfig
+from recruit_trl.sft import SFTArguments
 from recruit_trl.traces import collect_traces
 
 # The main job scores each sampled action by the final grade of its episode (continued to the end by a fast
@@ -60,23 +66,12 @@ def parse_int_ranges(spec: str) -> list[int]:
 
 
 @dataclass
-class ScriptArguments(RolloutConfig):
-    """Recipe arguments beyond ``GRPOConfig`` and ``ModelConfig`` (rollout settings are inherited)."""
+class TaskArguments:
+    """The tasks a recipe trains on, and the warm-up of the tiny model built for them."""
 
     tasks: list[str] = field(
-        default_factory=list, metadata={"help": "Tasks the anchors are drawn from (default: the environment's tasks)."}
-    )
-    anchor_seeds: str = field(default="100-107", metadata={"help": "Reset seeds of the anchors (0..99 are for eval)."})
-    anchor_days: str = field(default="0-170:10", metadata={"help": "Days of the anchors, e.g. 0-170:10."})
-    anchor_policy: str = field(
-        default="grader_heuristic",
-        metadata={"help": "Who plays the days before an anchor: an environment policy (replayed), 'student' (the "
-                  "model RL starts from, sampled as in training: on-policy states, recorded once into "
-                  "<output_dir>/anchor_states.json) or 'model:PATH'."},
-    )  # fmt: skip
-    reward_funcs: list[str] = field(
-        default_factory=lambda: list(DEFAULT_REWARDS),
-        metadata={"help": "Reward functions from the `rewards` package, weighted by --reward_weights."},
+        default_factory=list,
+        metadata={"help": "Tasks to train on: anchors, warm-start traces, evaluation (default: the environment's)."},
     )
     tiny_corpus_seeds: int = field(
         default=8, metadata={"help": "Episodes per task in the tiny model's warm-up corpus (model 'tiny' only)."}
@@ -84,6 +79,57 @@ class ScriptArguments(RolloutConfig):
     tiny_build_steps: int | None = field(
         default=None, metadata={"help": "Warm-up optimizer steps of the tiny model (default: the builder's epochs)."}
     )
+
+
+def rl_flag(name: str) -> str:
+    """The GRPO recipe's name of an :class:`~recruit_trl.sft.SFTArguments` field: ``sft_<name>``, except
+    ``teacher`` and ``dagger_*``, which name nothing else there."""
+    return name if name == "teacher" or name.startswith("dagger_") else f"sft_{name}"
+
+
+# The main job's warm start, where it differs from the SFT recipe's defaults: sized for the CPU main job.
+MAIN_JOB_SFT: dict[str, Any] = {
+    "teacher": "expert",
+    "train_seeds": "300-307",
+    "heldout_seeds": "400",
+    "dagger_rounds": 1,  # what the CPU main job has time for; the best round is kept
+    "dagger_seeds": "300-303",  # half the traced seeds: CPU time
+    "dagger_epochs": 0.5,  # rows are reshuffled every round, so each round sees a different half
+    "length_buckets": True,  # faster on CPU; safe together with keep_best_round
+}
+
+
+def renamed_dataclass(cls: type, rename, defaults: dict[str, Any], name: str) -> type:
+    """A dataclass with the fields of ``cls`` under the names ``rename(field)``, the same types and help, and
+    ``defaults`` (keyed by the original names) in place of the defaults of ``cls``."""
+    hints = get_type_hints(cls)
+    specs = []
+    for f in fields(cls):
+        if f.name in defaults:
+            spec = field(default=defaults[f.name], metadata=f.metadata)
+        elif f.default is not MISSING:
+            spec = field(default=f.default, metadata=f.metadata)
+        else:
+            spec = field(default_factory=f.default_factory, metadata=f.metadata)
+        specs.append((rename(f.name), hints[f.name], spec))
+    renamed = make_dataclass(name, specs)
+    renamed.__module__ = __name__  # found (and pickled) as this module's attribute of the same name
+    return renamed
+
+
+# SFTArguments as the GRPO recipe names them (--sft_train_seeds, --teacher, --dagger_rounds, ...).
+MainJobSFTArguments = renamed_dataclass(SFTArguments, rl_flag, MAIN_JOB_SFT, "MainJobSFTArguments")
+
+
+def sft_arguments(args: Any) -> SFTArguments:
+    """The warm start's :class:`~recruit_trl.sft.SFTArguments` from the GRPO recipe's arguments (checked)."""
+    return SFTArguments(**{f.name: getattr(args, rl_flag(f.name)) for f in fields(SFTArguments)})
+
+
+@dataclass
+class WarmStartArguments:
+    """Where RL starts: an SFT warm start run first (its settings: :class:`MainJobSFTArguments`), or a given one."""
+
     sft_adapter: str | None = field(
         default=None,
         metadata={"help": "An SFT LoRA adapter or fully fine-tuned model (recipes/sft_clinical.py) to start from."},
@@ -93,14 +139,6 @@ class ScriptArguments(RolloutConfig):
         metadata={"help": "'auto': run the SFT warm start first (cached in <output_dir>/sft) unless --sft_adapter; "
                   "'none': start RL from the base model."},
     )  # fmt: skip
-    teacher: str = field(default="expert", metadata={"help": "Teacher policy of the SFT warm start."})
-    sft_train_seeds: str = field(default="300-307", metadata={"help": "Episodes traced for the SFT warm start."})
-    sft_heldout_seeds: str = field(
-        default="400", metadata={"help": "Episodes traced for the SFT warm start's held-out teacher-match report."}
-    )
-    sft_heldout_rows: int = field(
-        default=0, metadata={"help": "Held-out rows in the warm start's report: a fixed random subset (0: all)."}
-    )
     sft_epochs: float = field(
         default=2.0, metadata={"help": "Epochs of the SFT warm start's first fit (DAgger rounds: --dagger_epochs)."}
     )
@@ -124,57 +162,17 @@ class ScriptArguments(RolloutConfig):
     sft_learning_rate: float | None = field(
         default=None, metadata={"help": "Learning rate of the SFT warm start (default: 3e-4 full, 1e-3 LoRA)."}
     )
-    sft_epsilon: float = field(
-        default=0.1, metadata={"help": "Random-candidate rate while tracing the teacher (states relabelled by it)."}
-    )
-    sft_balance_by_task: bool = field(
-        default=True, metadata={"help": "SFT warm start: cap every action type's share within each task's rows."}
-    )
-    sft_drop_candidate: float = field(
-        default=0.0,
-        metadata={
-            "help": "SFT warm start: fraction of the rows shown with one listed candidate (not the answer) left "
-            "out and the rest renumbered, against answers learnt as positions (0 = off)."
-        },
-    )
-    sft_extra_traces: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": "SFT warm start: more teacher episodes for some task days, TASK:FIRST-LAST:SEEDS (e.g. "
-            "hard_bench:137-180:500-531: hard's endgame from 32 more episodes), added to the traces (off by default)."
-        },
-    )
-    sft_oversample: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": "SFT warm start: repeat the rows of some task days, TASK:FIRST-LAST:FACTOR (e.g. "
-            "hard_bench:137-179:3), in the traces and the DAgger rows."
-        },
-    )
-    dagger_rounds: int = field(
-        default=1,
-        metadata={"help": "DAgger rounds of the SFT warm start (the model plays, the teacher labels; one: what the "
-                  "CPU main job has time for, the best round is kept, see --sft_keep_best_round)."},
-    )  # fmt: skip
-    dagger_seeds: str = field(
-        default="300-303",
-        metadata={"help": "Reset seeds the model plays in each DAgger round (half the traced seeds: CPU time)."},
-    )
-    dagger_epochs: float = field(
-        default=0.5,
-        metadata={"help": "Epochs over all SFT data so far in each DAgger round (0.5: for the CPU time; rows are "
-                  "reshuffled every round, so each round sees a different half)."},
-    )  # fmt: skip
-    sft_keep_best_round: bool = field(
-        default=True,
-        metadata={"help": "SFT warm start: keep the DAgger round whose student scored best on --dagger_seeds "
-                  "(the last round's student plays them too), not necessarily the last."},
-    )  # fmt: skip
-    sft_length_buckets: bool = field(
-        default=True,
-        metadata={"help": "SFT warm start: batches of rows of similar lengths in random order (faster on CPU; "
-                  "see recipes/sft_clinical.py --length_buckets)."},
-    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        for flag in ("sft_full_finetune", "rl_full_finetune"):
+            if str(getattr(self, flag)).lower() not in ("auto", "true", "false"):
+                raise ValueError(f"--{flag} must be auto, true or false, not {getattr(self, flag)!r}")
+
+
+@dataclass
+class ReportArguments:
+    """The report at the end of an RL run: whole episodes on held-out seeds, and decisions on held-out states."""
+
     report: bool = field(
         default=True, metadata={"help": "Evaluate base / SFT / RL models and baselines at the end; write report.json."}
     )
@@ -228,32 +226,44 @@ class ScriptArguments(RolloutConfig):
     )  # fmt: skip
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if "teacher_match_reward" in self.reward_funcs and not self.reward_teacher:
-            raise ValueError("--reward_funcs teacher_match_reward needs --reward_teacher (e.g. grader_heuristic)")
-        for flag in ("sft_full_finetune", "rl_full_finetune", "eval_episodes"):
-            if str(getattr(self, flag)).lower() not in ("auto", "true", "false"):
-                raise ValueError(f"--{flag} must be auto, true or false, not {getattr(self, flag)!r}")
-        if self.tasks:  # else checked once the environment names its tasks (with_env_tasks)
-            self.check_task_specs()
-        check_drop_candidate(self.sft_drop_candidate, self.contract, "--sft_drop_candidate")
+        if str(self.eval_episodes).lower() not in ("auto", "true", "false"):
+            raise ValueError(f"--eval_episodes must be auto, true or false, not {self.eval_episodes!r}")
         unknown = set(self.eval_sampled) - {"base", "sft", "grpo"}
         if unknown:
             raise ValueError(f"--eval_sampled takes base, sft and grpo, not {sorted(unknown)}")
 
-    def check_task_specs(self) -> None:
-        """Raise a clear ``ValueError`` for a task-day spec whose task is not one of ``tasks``."""
-        check_oversample(self.sft_oversample, self.tasks, "--sft_oversample")
-        check_extra_traces(self.sft_extra_traces, self.tasks, "--sft_extra_traces")
+
+@dataclass
+class ScriptArguments(ReportArguments, MainJobSFTArguments, WarmStartArguments, TaskArguments, RolloutConfig):
+    """The RL recipes' arguments beyond ``GRPOConfig`` and ``ModelConfig``: the rollout settings, the tasks, the
+    warm start, the report (one group each, by inheritance) and the anchors and rewards below."""
+
+    anchor_seeds: str = field(default="100-107", metadata={"help": "Reset seeds of the anchors (0..99 are for eval)."})
+    anchor_days: str = field(default="0-170:10", metadata={"help": "Days of the anchors, e.g. 0-170:10."})
+    anchor_policy: str = field(
+        default="grader_heuristic",
+        metadata={"help": "Who plays the days before an anchor: an environment policy (replayed), 'student' (the "
+                  "model RL starts from, sampled as in training: on-policy states, recorded once into "
+                  "<output_dir>/anchor_states.json) or 'model:PATH'."},
+    )  # fmt: skip
+    reward_funcs: list[str] = field(
+        default_factory=lambda: list(DEFAULT_REWARDS),
+        metadata={"help": "Reward functions from the `rewards` package, weighted by --reward_weights."},
+    )
+
+    def __post_init__(self) -> None:
+        RolloutConfig.__post_init__(self)
+        WarmStartArguments.__post_init__(self)
+        sft_arguments(self)  # checks the warm start's settings at start-up, not after the model is built
+        ReportArguments.__post_init__(self)
+        if "teacher_match_reward" in self.reward_funcs and not self.reward_teacher:
+            raise ValueError("--reward_funcs teacher_match_reward needs --reward_teacher (e.g. grader_heuristic)")
 
 
 def with_env_tasks(args: Any, interface: EnvInterface) -> Any:
     """``args`` with ``tasks`` set to the environment's own (``interface.tasks()``) when none were given."""
     if not args.tasks:
         args.tasks = list(interface.tasks())
-        check = getattr(args, "check_task_specs", None)
-        if check is not None:
-            check()
     return args
 
 
@@ -400,6 +410,34 @@ def full_finetune(choice: str, model_args: Any, model_path: str) -> bool:
     return choice == "true"
 
 
+def rl_start(script_args: Any, training_args: Any, model_args: Any, model_path: str) -> tuple[Any, Any, Any]:
+    """``(model, tokenizer, peft_config)`` that RL starts from; ``peft_config`` is ``None`` when no new adapter.
+
+    Without a warm start (``script_args.sft_adapter`` unset): the base model, with a fresh LoRA adapter unless
+    ``--use_peft false``. After a LoRA warm start: that adapter, trainable, on the base loaded as configured. After a
+    fully fine-tuned one: that model, every weight trained or a fresh adapter on it (``--rl_full_finetune``), read
+    with its own tokenizer when it saved one (the base may be another tiny build, with another vocabulary).
+    """
+    from transformers import AutoTokenizer
+    from trl import get_peft_config
+
+    from recruit_trl.models import is_adapter, load_trainable
+
+    model: Any = model_path
+    tokenizer_path = model_path
+    peft_config = get_peft_config(model_args)
+    if script_args.sft_adapter and is_adapter(script_args.sft_adapter):
+        model = load_trainable(model_path, script_args.sft_adapter, training_args.model_init_kwargs)
+        peft_config = None
+    elif script_args.sft_adapter:
+        model = script_args.sft_adapter
+        if Path(model, "tokenizer_config.json").is_file():
+            tokenizer_path = model
+        if full_finetune(script_args.rl_full_finetune, model_args, model_path):
+            peft_config = None
+    return model, AutoTokenizer.from_pretrained(tokenizer_path, padding_side="left"), peft_config
+
+
 def model_init_kwargs(model_args: Any, training_args: Any = None) -> dict[str, Any]:
     """``from_pretrained`` keyword arguments of the trained model in every stage (warm start, RL; evaluation loads
     with the same :func:`recruit_trl.models.loading_config`): ``ModelConfig``'s dtype, attention implementation and
@@ -410,6 +448,13 @@ def model_init_kwargs(model_args: Any, training_args: Any = None) -> dict[str, A
         **from_pretrained_kwargs(loading_config(model_args)),
         **(getattr(training_args, "model_init_kwargs", None) or {}),
     }
+
+
+def last_checkpoint(output_dir: str) -> str | None:
+    """The newest ``checkpoint-*`` in ``output_dir`` to resume from, if any."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
 
 
 def cpu_defaults() -> dict[str, Any]:

@@ -67,19 +67,6 @@ def test_grpo_recipe_window_mode_runs(warm_model, tmp_path):
     assert any("rollout/fallback_rate" in h for h in trainer.state.log_history)
 
 
-def test_grpo_recipe_with_a_guide_policy_trains_on_its_answers(warm_model, tmp_path):
-    from env.agent import CLINICAL
-    from env.policies import register_policy
-
-    # A guide the warm model rarely agrees with: the last listed candidate.
-    register_policy("test_last_candidate")(lambda obs, rng: CLINICAL.candidate_actions(obs)[-1])
-    recipe = load("grpo_clinical")
-    flags = ["--model_name_or_path", warm_model, "--max_steps", "1", "--output_dir", str(tmp_path), *SMALL]
-    trainer = recipe.main(*recipe.parse_args([*flags, "--guide_policy", "test_last_candidate"]))
-    logged = [h for h in trainer.state.log_history if "rollout/guided_rate" in h]
-    assert logged and 0.0 < logged[0]["rollout/guided_rate"] <= 1 / 8  # at most one row per group of 8
-
-
 def test_sft_recipe_trains_and_reports(warm_model, tmp_path):
     recipe = load("sft_clinical")
     args = recipe.parse_args(
@@ -96,6 +83,7 @@ def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
     from trl import SFTConfig
 
     from recruit_trl.sft import build_sft_datasets
+    from recruit_trl.warm_start import WarmStartSFTTrainer, token_metrics
 
     recipe = load("sft_clinical")
     interface = env.agent.CLINICAL
@@ -104,21 +92,22 @@ def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
     args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", max_length=1024)
     losses = []
     for model_loss in (False, True):
-        trainer = recipe.WarmStartSFTTrainer(model=warm_model, args=args, train_dataset=train, model_loss=model_loss)
+        trainer = WarmStartSFTTrainer(model=warm_model, args=args, train_dataset=train, model_loss=model_loss)
         batch = next(iter(trainer.get_train_dataloader()))
         with torch.no_grad():
             losses.append(trainer.compute_loss(trainer.model, dict(batch)).item())
     assert losses[0] == pytest.approx(losses[1], rel=1e-5) and losses[0] > 0
     script_args = recipe.parse_args(["--model_name_or_path", warm_model])[0]
-    assert recipe.token_metrics(script_args, warm_model) is False  # auto: the tiny model's vocabulary is small
+    assert token_metrics(script_args, warm_model) is False  # auto: the tiny model's vocabulary is small
     with pytest.raises(ValueError, match="token_metrics"):
         recipe.parse_args(["--token_metrics", "maybe"])
 
 
 def test_length_bucket_sampler_makes_whole_batches_of_similar_lengths():
-    recipe = load("sft_clinical")
+    from recruit_trl.warm_start import LengthBucketSampler
+
     lengths = [(i * 37) % 300 + 250 for i in range(1000)]  # 250..549, scrambled
-    sampler = recipe.LengthBucketSampler(lengths, batch_size=16, seed=0)
+    sampler = LengthBucketSampler(lengths, batch_size=16, seed=0)
     order = list(sampler)
     assert sorted(order) == list(range(1000))  # every row once per epoch
     batches = [order[i : i + 16] for i in range(0, 1000, 16)]
@@ -128,7 +117,7 @@ def test_length_bucket_sampler_makes_whole_batches_of_similar_lengths():
     firsts = [min(lengths[i] for i in b) for b in batches[:-1]]
     assert firsts != sorted(firsts) and firsts != sorted(firsts, reverse=True)  # batches in random order
     sampler.set_epoch(1)
-    assert list(sampler) != order and list(recipe.LengthBucketSampler(lengths, 16, seed=0)) == order
+    assert list(sampler) != order and list(LengthBucketSampler(lengths, 16, seed=0)) == order
 
 
 @pytest.mark.parametrize("use_peft", [True, False])
@@ -138,7 +127,6 @@ def test_sft_recipe_dagger_round_labels_the_students_states(warm_model, tmp_path
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "2", "--train_seeds", "1",
         "--heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe", "--save_strategy", "no",
         "--dagger_rounds", "1", "--dagger_seeds", "5", "--use_peft", str(use_peft),
-        "--oversample", "hard_bench_stage_30:25-29:2", "--drop_candidate", "0.5",
     ]  # fmt: skip
     saved = "adapter_model.safetensors" if use_peft else "model.safetensors"
     report = recipe.main(*recipe.parse_args(flags))
@@ -147,14 +135,8 @@ def test_sft_recipe_dagger_round_labels_the_students_states(warm_model, tmp_path
     assert info["round"] == 1 and info["rows_raw"] == 30 and set(info["student"]) == {"hard_bench_stage_30"}
     rows = load_from_disk(str(tmp_path / "dataset" / "dagger-1" / "rows"))
     assert set(rows["seed"]) == {5} and set(rows["action_type"]) <= PRODUCTIVE  # the safe agent never idles
-    days = Counter(rows["day"])  # the last five days' rows (those balancing kept) twice, the others once
-    assert {days[d] for d in range(25, 30) if d in days} == {2} and set(days.values()) <= {1, 2}
-    assert info["rows_repeated"] == sum(n // 2 for n in days.values()) > 0
-    train = load_from_disk(str(tmp_path / "dataset" / "train"))
-    stats = json.loads((tmp_path / "dataset" / "stats.json").read_text())
-    assert stats["train_rows_repeated"] == sum(1 for d in train["day"] if d >= 25) // 2 > 0
-    # About half the rows list one candidate fewer (the answer is never the one left out).
-    assert 0 < info["rows_candidate_dropped"] < info["rows"] and 0 < stats["train_rows_candidate_dropped"]
+    assert 0 < info["rows"] == len(rows) <= info["rows_raw"]  # balanced by action type: at most every row, once
+    assert set(Counter(rows["day"]).values()) == {1}
     for folder in (tmp_path / "round-0", tmp_path / "round-1", tmp_path):
         assert (folder / saved).is_file() and (folder / "adapter_config.json").is_file() == use_peft
     # The last round's student played the DAgger seeds too; the saved model is the round that scored best.
@@ -248,15 +230,12 @@ def test_warm_start_with_a_lora_adapter_continues_that_adapter(warm_model, tmp_p
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", *SMALL,
         "--tasks", "hard_bench_stage_30", "--warm_start", "auto", "--sft_full_finetune", "false", "--teacher", "safe",
-        "--sft_train_seeds", "300", "--sft_epochs", "0.2", "--dagger_rounds", "0",
-        "--sft_oversample", "hard_bench_stage_30:20-29:2", "--sft_drop_candidate", "0.5",
-        "--sft_extra_traces", "hard_bench_stage_30:20-29:301",
+        "--sft_train_seeds", "300", "--sft_epochs", "0.2", "--dagger_rounds", "0", "--sft_max_type_fraction", "1.0",
     ]  # fmt: skip
     trainer = recipe.main(*recipe.parse_args(flags))
     assert (tmp_path / "sft" / "adapter_config.json").is_file()
     stats = json.loads((tmp_path / "sft" / "dataset" / "stats.json").read_text())  # the flags reach the warm start
-    assert stats["train_rows_repeated"] > 0 and stats["train_rows_candidate_dropped"] > 0
-    assert stats["train_rows_extra"] > 0
+    assert stats["train_rows"] == stats["train_rows_raw"] > 0  # --sft_max_type_fraction 1.0: nothing capped
     assert json.loads((tmp_path / "adapter_config.json").read_text())["base_model_name_or_path"] == warm_model
     assert [n for n, _ in trainer.model.named_parameters() if "lora_B" in n]
     with pytest.raises(ValueError, match="sft_full_finetune"):
@@ -397,6 +376,7 @@ def test_decision_report_is_cached_for_the_weights_and_environment_it_measured(t
     from types import SimpleNamespace
 
     import recruit_trl.decisions as decisions
+    from recruit_trl.run_report import decision_report
 
     recipe = load("grpo_clinical")
     base, out = tmp_path / "base", tmp_path / "run"
@@ -414,15 +394,15 @@ def test_decision_report_is_cached_for_the_weights_and_environment_it_measured(t
         return {"measured": len(measured)}
 
     monkeypatch.setattr(decisions, "evaluate_decisions", evaluate_decisions)
-    assert recipe.decision_report(script_args, model_args, trainer, str(base)) == {"measured": 1}
-    assert recipe.decision_report(script_args, model_args, trainer, str(base)) == {"measured": 1}  # cached
+    assert decision_report(script_args, model_args, trainer, str(base)) == {"measured": 1}
+    assert decision_report(script_args, model_args, trainer, str(base)) == {"measured": 1}  # cached
     (out / "model.safetensors").write_bytes(b"trained further")  # the same step count, other weights
-    assert recipe.decision_report(script_args, model_args, trainer, str(base)) == {"measured": 2}
+    assert decision_report(script_args, model_args, trainer, str(base)) == {"measured": 2}
     (out / "eval" / "decisions.json").write_text('{"key": ')  # torn by a kill: measured again, with a warning
     with pytest.warns(UserWarning, match="decisions.json"):
-        assert recipe.decision_report(script_args, model_args, trainer, str(base)) == {"measured": 3}
+        assert decision_report(script_args, model_args, trainer, str(base)) == {"measured": 3}
     script_args.env = "tests.toy_env:TOY"  # hypothetical other environment under the same flags
-    assert recipe.decision_report(script_args, model_args, trainer, str(base)) == {"measured": 4}
+    assert decision_report(script_args, model_args, trainer, str(base)) == {"measured": 4}
 
 
 def test_sft_recipe_redoes_what_files_torn_by_a_kill_recorded(warm_model, tmp_path):

@@ -22,7 +22,6 @@ SMALL = [
 
 
 def load_recipe():
-    sys.path.insert(0, str(ROOT / "recipes"))
     spec = importlib.util.spec_from_file_location("reinforce_clinical", ROOT / "recipes" / "reinforce_clinical.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -57,7 +56,7 @@ def test_reinforce_recipe_advantages_match_hand_computation(warm_model, tmp_path
                               *SMALL])  # fmt: skip
     assert args[1].scale_rewards == "none" and args[1].loss_type == "dr_grpo" and args[1].beta == 0.0
     CapturingTrainer.captured = []
-    recipe.grpo_clinical.main(*args, trainer_cls=CapturingTrainer)
+    recipe.main(*args, trainer_cls=CapturingTrainer)
     out, logged = CapturingTrainer.captured[0]
     weights = [1.0] * len(logged)  # default reward_weights
     n = len(out["advantages"])
@@ -74,7 +73,7 @@ def test_environment_tokens_carry_no_gradient(warm_model, tmp_path):
     flags = ["--model_name_or_path", warm_model, "--max_steps", "1", "--output_dir", str(tmp_path), *SMALL,
              "--mode", "window", "--window_turns", "2"]  # fmt: skip
     CapturingTrainer.captured = []
-    trainer = recipe.grpo_clinical.main(*recipe.parse_args(flags), trainer_cls=CapturingTrainer)
+    trainer = recipe.main(*recipe.parse_args(flags), trainer_cls=CapturingTrainer)
     inputs, _ = CapturingTrainer.captured[0]
     env_mask = inputs["tool_mask"] * inputs["completion_mask"]
     assert (env_mask == 0).any() and (env_mask == 1).any()

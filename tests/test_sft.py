@@ -1,22 +1,15 @@
-"""SFT data: action-type balancing, seed-split datasets in the rollout rendering, held-out report."""
+"""SFT data and settings: action-type balancing, seed-split datasets in the rollout rendering, held-out report, and
+the warm start's flags declared once for both recipes."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pytest
 
 import env.agent  # noqa: F401
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.sft import (
-    balance_action_types,
-    best_round,
-    build_sft_datasets,
-    drop_candidates,
-    oversample_rows,
-    parse_oversample,
-)
+from recruit_trl.sft import SFTArguments, balance_action_types, best_round, build_sft_datasets
 
 INTERFACE = get_env_interface("clinical")
 
@@ -77,58 +70,6 @@ def test_balancing_by_task_caps_every_type_within_each_task():
     assert [r["i"] for r in per_task] == sorted(r["i"] for r in per_task)  # original order kept
 
 
-def test_oversampling_repeats_the_chosen_days_of_a_task():
-    rows = [{"task": t, "day": d} for t in ("easy_bench", "hard_bench") for d in range(130, 181)]
-    out = oversample_rows(rows, ["hard_bench:137-179:3", "easy_bench:180-180:2"])
-    assert out[: len(rows)] == rows  # the originals first, in order
-    counts = Counter((r["task"], r["day"]) for r in out)
-    assert counts[("hard_bench", 137)] == counts[("hard_bench", 179)] == 3 and counts[("hard_bench", 136)] == 1
-    assert counts[("hard_bench", 180)] == 1 and counts[("easy_bench", 180)] == 2 and counts[("easy_bench", 150)] == 1
-    assert len(out) == len(rows) + 43 * 2 + 1 and oversample_rows(rows, []) == rows
-    assert parse_oversample("hard_bench:137-179:3") == ("hard_bench", 137, 179, 3)
-    for bad in ("hard_bench", "hard_bench:137:3", "hard_bench:179-137:3", "hard_bench:1-2:0", ":1-2:2", "h:a-b:2"):
-        with pytest.raises(ValueError, match="oversample spec"):
-            parse_oversample(bad)
-    from recruit_trl.protocol import get_env_interface
-    from recruit_trl.training import ScriptArguments, with_env_tasks
-
-    with pytest.raises(ValueError, match="its task is not one of --tasks"):  # a typo would repeat nothing
-        ScriptArguments(sft_oversample=["hardbench:137-179:3"], tasks=["hard_bench"])
-    unchecked = ScriptArguments(sft_oversample=["hardbench:137-179:3"])  # no --tasks: the environment's, then checked
-    with pytest.raises(ValueError, match="its task is not one of --tasks"):
-        with_env_tasks(unchecked, get_env_interface("clinical"))
-
-
-def test_dropping_candidates_shows_the_same_choices_at_shifted_positions():
-    from recruit_trl.traces import collect_traces
-
-    rows = collect_traces(INTERFACE, ["medium_bench"], [5], teacher="expert", max_days=60)
-    assert drop_candidates(rows, 0.0) == rows
-
-    def chosen_line(row):  # the text of the answer's line in the listed candidates
-        k = json.loads(row["completion"])["action_index"]
-        return row["messages"][-1]["content"].split("\nActions:\n")[1].split("\n")[k].partition(": ")[2]
-
-    every = drop_candidates(rows, 1.0, seed=3)
-    assert len(every) == len(rows)
-    for before, after in zip(rows, every, strict=True):
-        assert len(after["candidate_types"]) == len(before["candidate_types"]) - 1
-        assert chosen_line(after) == chosen_line(before) and after["action_type"] == before["action_type"]
-    shifted = sum(json.loads(a["completion"]) != json.loads(b["completion"]) for a, b in zip(rows, every, strict=True))
-    assert 0 < shifted < len(rows)  # answers move when a line above them goes, stay when one below does
-    some = drop_candidates(rows, 0.3, seed=3)
-    assert 0 < sum(a is not b for a, b in zip(rows, some, strict=True)) < len(rows)
-    assert drop_candidates(rows, 0.3, seed=3) == some  # seeded
-    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
-        drop_candidates(rows, 1.5)
-    from recruit_trl.training import ScriptArguments
-
-    with pytest.raises(ValueError, match="--sft_drop_candidate must be in"):
-        ScriptArguments(sft_drop_candidate=-0.1)
-    with pytest.raises(ValueError, match="needs the index contract"):
-        ScriptArguments(sft_drop_candidate=0.2, contract="json")
-
-
 def test_best_round_keeps_the_best_mean_over_tasks_and_the_latest_on_ties():
     collapsed = {"easy": 0.73, "medium": 0.31, "hard": 0.57}  # one task lost: the mean over tasks shows it
     assert best_round([{"easy": 0.70, "medium": 0.52, "hard": 0.57}, collapsed]) == 0
@@ -136,32 +77,6 @@ def test_best_round_keeps_the_best_mean_over_tasks_and_the_latest_on_ties():
     assert best_round([{"easy": 0.6}, {"easy": 0.6}]) == 1
     with pytest.raises(ValueError):
         best_round([])
-
-
-def test_extra_traces_add_the_chosen_days_of_more_episodes():
-    """Hard's endgame from more episodes: only the chosen days of the extra seeds join the training rows."""
-    from recruit_trl.sft import parse_extra_traces
-    from recruit_trl.training import ScriptArguments
-
-    args = {"teacher": "heuristic", "max_type_fraction": 1.0}
-    base = build_sft_datasets(INTERFACE, ["hard_bench_stage_30"], [1], [3], **args)
-    train, _, stats = build_sft_datasets(
-        INTERFACE, ["hard_bench_stage_30"], [1], [3], extra_traces=["hard_bench_stage_30:20-25:5-6"], **args
-    )
-    extra = [(s, d) for s, d in zip(train["seed"], train["day"], strict=True) if s != 1]
-    assert stats["train_rows_extra"] == len(extra) > 0 and len(train) == len(base[0]) + len(extra)
-    assert {s for s, _ in extra} <= {5, 6} and all(20 <= d <= 25 for _, d in extra)
-    with pytest.raises(ValueError, match="overlap"):
-        build_sft_datasets(
-            INTERFACE, ["hard_bench_stage_30"], [1], [3], extra_traces=["hard_bench_stage_30:0-9:3"], **args
-        )
-    assert parse_extra_traces("hard_bench:137-180:500-531") == ("hard_bench", 137, 180, list(range(500, 532)))
-    for bad in ("hard_bench:137-180", "hard_bench:180-137:1", "hard_bench:1-2:x", ":1-2:3"):
-        with pytest.raises(ValueError, match="extra traces spec"):
-            parse_extra_traces(bad)
-    assert ScriptArguments().sft_extra_traces == []  # off in the main job
-    with pytest.raises(ValueError, match="its task is not one of --tasks"):
-        ScriptArguments(sft_extra_traces=["hardbench:137-180:500-501"], tasks=["hard_bench"])
 
 
 def test_heldout_report_breaks_the_teacher_match_down_by_task_and_action_type(warm_model):
@@ -181,3 +96,33 @@ def test_heldout_report_breaks_the_teacher_match_down_by_task_and_action_type(wa
         assert {k: n for k, (_, n) in kinds.items()} == dict(Counter(r["action_type"] for r in rows))
     matched = sum(rate * n for kinds in cells.values() for rate, n in kinds.values())
     assert matched == pytest.approx(report["teacher_match"] * report["rows"], abs=1e-2)
+
+
+def test_the_warm_start_settings_are_declared_once_for_both_recipes():
+    """The GRPO recipe's --sft_* flags are SFTArguments' fields (renamed, same help), with the main job's defaults."""
+    from dataclasses import fields
+
+    from recruit_trl.training import MAIN_JOB_SFT, ScriptArguments, rl_flag, sft_arguments
+    from recruit_trl.warm_start import SFTScriptArguments
+
+    rl_fields = {f.name: f for f in fields(ScriptArguments)}
+    for f in fields(SFTArguments):
+        renamed = rl_fields[rl_flag(f.name)]
+        assert renamed.metadata["help"] == f.metadata["help"]
+        assert renamed.default == MAIN_JOB_SFT.get(f.name, f.default)
+    assert rl_flag("train_seeds") == "sft_train_seeds" and rl_flag("keep_best_round") == "sft_keep_best_round"
+    assert rl_flag("teacher") == "teacher" and rl_flag("dagger_rounds") == "dagger_rounds"
+    args = ScriptArguments(sft_train_seeds="300-301", sft_token_metrics="false", dagger_rounds=2)
+    sft = sft_arguments(args)
+    assert (sft.train_seeds, sft.token_metrics, sft.dagger_rounds, sft.teacher) == ("300-301", "false", 2, "expert")
+    with pytest.raises(ValueError, match="token_metrics"):  # checked at start-up, under either recipe
+        ScriptArguments(sft_token_metrics="maybe")
+    with pytest.raises(ValueError, match="token_metrics"):
+        SFTScriptArguments(token_metrics="maybe")
+    with pytest.raises(ValueError, match="contract"):
+        SFTScriptArguments(contract="yaml")
+    # The SFT recipe's own arguments: the environment, the tasks and SFTArguments, each declared once.
+    assert {f.name for f in fields(SFTScriptArguments)} == {
+        "env", "contract", "recent_k", "tasks", "tiny_corpus_seeds", "tiny_build_steps",
+        *(f.name for f in fields(SFTArguments)),
+    }  # fmt: skip
