@@ -27,7 +27,7 @@ CONTRACTS = ("index", "json")
 # Generation limits per contract: {"action_index": 27} is 7-8 tokens with a small BPE tokenizer.
 MAX_NEW_TOKENS = {"index": 12, "json": 96}
 
-LISTING_HEADER = "Actions:\n"  # opens the numbered candidate list (rendered, and parsed back by drop_listed_candidate)
+LISTING_HEADER = "Actions:\n"  # opens the numbered candidate list
 INDEX_INSTRUCTIONS = 'Reply with one JSON object {"action_index": N} choosing an action from the list.'
 # The json contract's answer format when the interface names no fields of its own (its ``json_instructions``).
 DEFAULT_JSON_INSTRUCTIONS = "Answer with exactly one JSON object: the action."
@@ -167,27 +167,6 @@ def answer_texts(contract: str, candidates: Sequence[Action]) -> list[str]:
 def numbered_listing(descriptions: Sequence[str]) -> str:
     """The candidate list of an index-contract prompt: ``Actions:`` and one numbered line per candidate."""
     return LISTING_HEADER + "\n".join(f"{k}: {text}" for k, text in enumerate(descriptions))
-
-
-def drop_listed_candidate(row: Mapping[str, Any], j: int) -> dict[str, Any]:
-    """A copy of an index-contract trace row without its listed candidate ``j`` (not the answer): the list below
-    ``Actions:`` renumbered, the answer's index and ``candidate_types`` moved with it.
-
-    Raises:
-        ValueError: when ``j`` is the answer, is not listed, or the row is not an index-contract row.
-    """
-    head, sep, listing = row["messages"][-1]["content"].partition(f"\n{LISTING_HEADER}")
-    lines = listing.split("\n")
-    answer = parse_index(row["completion"], len(lines))[0]
-    if not sep or answer is None:
-        raise ValueError("not an index-contract row (no 'Actions:' list or no index answer)")
-    if not 0 <= j < len(lines) or j == answer:
-        raise ValueError(f"cannot drop candidate {j} of {len(lines)} (answer {answer})")
-    kept = [line.partition(": ")[2] for k, line in enumerate(lines) if k != j]
-    messages = [*row["messages"][:-1], {**row["messages"][-1], "content": f"{head}\n{numbered_listing(kept)}"}]
-    types = [t for k, t in enumerate(row["candidate_types"]) if k != j]
-    completion = json.dumps({"action_index": answer - (j < answer)})
-    return {**row, "messages": messages, "completion": completion, "candidate_types": types}
 
 
 def build_messages(

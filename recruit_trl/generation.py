@@ -144,25 +144,6 @@ def sample(
     return completions, logprobs
 
 
-@torch.no_grad()
-def completion_logprobs(
-    model: PreTrainedModel,
-    prompt_ids: Sequence[Sequence[int]],
-    completion_ids: Sequence[Sequence[int]],
-    temperature: float | None = 1.0,
-) -> list[list[float]]:
-    """Per-token log-probabilities of given completions under ``model`` (softmax of the logits / ``temperature``;
-    no top-p or constraint mask): for completions the model did not sample itself, such as a guide's answers."""
-    device = next(model.parameters()).device
-    out = []
-    for prompt, completion in zip(prompt_ids, completion_ids, strict=True):
-        ids = torch.tensor([[*prompt, *completion]], dtype=torch.long, device=device)
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / (temperature or 1.0)
-        target = ids[0, len(prompt) :].unsqueeze(1)
-        out.append(torch.log_softmax(logits, dim=-1).gather(1, target).squeeze(1).cpu().tolist())
-    return out
-
-
 @contextmanager
 def policy_for_generation(trainer) -> Iterator[PreTrainedModel]:
     """The trainer's current policy, unwrapped for generation (DDP, DeepSpeed ZeRO-3 gather) and in eval mode.

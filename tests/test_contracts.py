@@ -14,7 +14,6 @@ from recruit_trl.contracts import (
     INDEX_INSTRUCTIONS,
     build_messages,
     completion_text,
-    drop_listed_candidate,
     parse_action,
     parse_index,
     parse_json_object,
@@ -265,32 +264,6 @@ def test_completion_text_targets(obs):
     )
     with pytest.raises(ValueError, match="not a listed candidate"):
         completion_text({"action_type": "stop_recruitment", "confidence": 0.123}, "index", candidates)
-
-
-def test_dropping_a_listed_candidate_renumbers_the_list_and_the_answer(obs):
-    candidates = INTERFACE.candidate_actions(obs)
-    n = len(candidates)
-    assert n >= 4
-    row = {
-        "messages": build_messages(INTERFACE, obs, [], "index", candidates),
-        "completion": completion_text(candidates[2], "index", candidates),
-        "candidate_types": [c["action_type"] for c in candidates],
-        "day": 6,
-    }
-    for j, answer in ((0, 1), (n - 1, 2)):  # a line above the answer moves it up; one below leaves it
-        out = drop_listed_candidate(row, j)
-        assert json.loads(out["completion"]) == {"action_index": answer} and out["day"] == 6
-        rest = candidates[:j] + candidates[j + 1 :]
-        # The prompt is exactly what the rollout would render for the shorter list, and the answer names the
-        # same action as before.
-        assert out["messages"] == build_messages(INTERFACE, obs, [], "index", rest)
-        assert rest[answer] == candidates[2] and out["candidate_types"] == [c["action_type"] for c in rest]
-    assert row["completion"] == '{"action_index": 2}' and len(row["candidate_types"]) == n  # the input is unchanged
-    for bad in (2, n, -1):
-        with pytest.raises(ValueError, match="cannot drop candidate"):
-            drop_listed_candidate(row, bad)
-    with pytest.raises(ValueError, match="not an index-contract row"):
-        drop_listed_candidate({**row, "completion": "screen"}, 0)
 
 
 @pytest.mark.parametrize("task", ["easy_bench", "medium_bench", "hard_bench"])

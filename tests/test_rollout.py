@@ -284,25 +284,3 @@ def test_full_finetune_choices_are_checked_at_start_up(flag):
     with pytest.raises(ValueError, match=f"--{flag} must be auto, true or false"):
         ScriptArguments(**{flag: "maybe"})
     assert getattr(ScriptArguments(**{flag: "False"}), flag) == "False"  # case-insensitive, as resolved later
-
-
-def test_completion_logprobs_match_the_sampled_tokens_log_probabilities(warm_model):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    from recruit_trl.contracts import build_messages
-    from recruit_trl.generation import completion_logprobs, encode_prompt, sample
-
-    tok = AutoTokenizer.from_pretrained(warm_model)
-    model = AutoModelForCausalLM.from_pretrained(warm_model).eval()
-    torch.manual_seed(0)
-    prompts = []
-    for anchor in ANCHORS:
-        state = _state(anchor)
-        cands = INTERFACE.candidate_actions(state.obs)
-        prompts.append(encode_prompt(tok, build_messages(INTERFACE, state.obs, state.recent, "index", cands)))
-    config = GenerationConfig(do_sample=True, temperature=0.7, top_p=1.0, top_k=0)
-    completions, logprobs = sample(model, tok, prompts, config, max_new_tokens=12)
-    again = completion_logprobs(model, prompts, completions, temperature=0.7)
-    for a, b in zip(logprobs, again, strict=True):
-        assert a == pytest.approx(b, abs=1e-4)
