@@ -10,17 +10,24 @@ history's ``enrolled`` *count* is read as a "useful step" flag, and site use cou
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import itemgetter, ne
 from typing import Any
 
 from env.reward import HYPOTHESIS_WORLD
 
 History = Sequence[Mapping[str, Any]]
 
+# The graders count over the whole history at the end of every episode; map() and itemgetter() keep those passes
+# out of the interpreter loop. Summing booleans counts the true ones.
+_ACTION, _HYPOTHESIS = itemgetter("action"), itemgetter("hypothesis")
+_FOLLOWTHROUGH, _MEMORY_HIT = itemgetter("plan_followthrough"), itemgetter("memory_hit")
+
 
 def _consistency(history: History) -> float:
     if len(history) < 2:
         return 1.0
-    switches = sum(1 for a, b in zip(history, history[1:], strict=False) if a["hypothesis"] != b["hypothesis"])
+    hypotheses = list(map(_HYPOTHESIS, history))
+    switches = sum(map(ne, hypotheses, hypotheses[1:]))
     if switches <= 1:
         return 1.0
     if switches <= 4:
@@ -36,15 +43,15 @@ def _accuracy(history: History, world_type: str) -> float:
 
 
 def _plan_followthrough(history: History) -> float:
-    plans = sum(1 for h in history if h["action"] == "plan_next_phase")
+    plans = list(map(_ACTION, history)).count("plan_next_phase")
     if plans == 0:
         return 0.0
-    return min(1.0, sum(1 for h in history if h["plan_followthrough"]) / (2 * plans))
+    return min(1.0, sum(map(_FOLLOWTHROUGH, history)) / (2 * plans))
 
 
 def _memory_use(history: History) -> float:
-    writes = sum(1 for h in history if h["action"] == "summarize_and_index")
-    hits = sum(1 for h in history if h["memory_hit"])
+    writes = list(map(_ACTION, history)).count("summarize_and_index")
+    hits = sum(map(_MEMORY_HIT, history))
     if writes == 0 and hits == 0:
         return 0.0
     return min(1.0, (0.4 * writes + 0.6 * hits) / max(1, writes + 1))
@@ -58,8 +65,8 @@ def _milestone_potential(obs: Mapping[str, Any], history: History) -> float:
 def _hindsight_alignment(obs: Mapping[str, Any], history: History) -> float:
     if not obs.get("hindsight_available"):
         return 0.0
-    follow = sum(1 for h in history if h["plan_followthrough"])
-    hits = sum(1 for h in history if h["memory_hit"])
+    follow = sum(map(_FOLLOWTHROUGH, history))
+    hits = sum(map(_MEMORY_HIT, history))
     return min(1.0, 0.3 + 0.02 * follow + 0.03 * hits)
 
 
@@ -150,7 +157,7 @@ def terms_hard(obs: Mapping[str, Any], history: History) -> dict[str, float]:
         curric = min(1.0, good / (0.5 * len(in_curr)))
     else:
         curric = 0.0
-    strategies = sum(1 for h in history if h["action"] == "adjust_strategy")
+    strategies = list(map(_ACTION, history)).count("adjust_strategy")
     strategy = 1.0 if strategies >= 3 else strategies / 3
     return {
         "enrolment": 0.15 * min(1.0, enrolled / target),

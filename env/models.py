@@ -59,7 +59,8 @@ class Action(BaseModel):
     memory_query: str | None = None
     memory_payload: str | None = None
     confidence: float = Field(default=0.5, ge=0.0, le=1.0)
-    token_cost: int | None = Field(default=None, ge=0)
+    # Below 2**63: the env sums token costs and turns the total into a float, which overflows for huge integers.
+    token_cost: int | None = Field(default=None, ge=0, lt=2**63)
 
 
 _ACTION_TYPE_SET = frozenset(ACTION_TYPES)
@@ -74,13 +75,15 @@ def validate_action(action: Any) -> ActionDict:
     Raises:
         ValueError: naming the offending field when the action violates the schema.
     """
-    if isinstance(action, Action):
+    # The dict test comes first: it is the common case, and isinstance() against a pydantic model is slow.
+    if isinstance(action, dict):
+        out = _fast_validate(action)
+        if out is not None:
+            return out
+    elif isinstance(action, Action):
         return action.model_dump()
-    if not isinstance(action, dict):
+    else:
         raise ValueError(f"action must be a dict or Action, got {type(action).__name__}")
-    out = _fast_validate(action)
-    if out is not None:
-        return out
     try:
         return Action.model_validate(action).model_dump()
     except ValidationError as exc:
@@ -89,25 +92,34 @@ def validate_action(action: Any) -> ActionDict:
         raise ValueError(f"invalid action field '{field}': {err['msg']} (got {err.get('input')!r})") from None
 
 
+# The complete action with every optional field at its default (the fast path's starting point).
+_DEFAULT_ACTION: ActionDict = {
+    "action_type": None,
+    **dict.fromkeys(STRING_FIELDS),
+    "confidence": 0.5,
+    "token_cost": None,
+}
+_STRING_OR_NONE = frozenset({str, type(None)})
+
+
 def _fast_validate(action: dict) -> ActionDict | None:
     """Validate the common case without pydantic; ``None`` means "let pydantic decide"."""
-    action_type = action.get("action_type")
+    out = {**_DEFAULT_ACTION, **action}
+    if len(out) != len(_DEFAULT_ACTION):  # extra fields, which are ignored
+        out = {name: action.get(name, default) for name, default in _DEFAULT_ACTION.items()}
+    action_type = out["action_type"]
     if type(action_type) is not str or action_type not in _ACTION_TYPE_SET:
         return None
-    out: ActionDict = {"action_type": action_type}
-    for name in STRING_FIELDS:
-        value = action.get(name)
-        if value is not None and type(value) is not str:
-            return None
-        out[name] = value
-    confidence = action.get("confidence", 0.5)
+    if not _STRING_OR_NONE.issuperset(map(type, map(out.__getitem__, STRING_FIELDS))):
+        return None
+    confidence = out["confidence"]
     if type(confidence) is int:
-        confidence = float(confidence)
+        if not 0 <= confidence <= 1:  # float() of a huge integer overflows: let pydantic report it
+            return None
+        confidence = out["confidence"] = float(confidence)
     if type(confidence) is not float or not 0.0 <= confidence <= 1.0:
         return None
-    out["confidence"] = confidence
-    token_cost = action.get("token_cost")
-    if token_cost is not None and (type(token_cost) is not int or token_cost < 0):
+    token_cost = out["token_cost"]
+    if token_cost is not None and (type(token_cost) is not int or not 0 <= token_cost < 2**63):
         return None
-    out["token_cost"] = token_cost
     return out

@@ -315,3 +315,15 @@ def test_grade_terms_add_up_to_the_final_score():
         terms = env.grade_terms()
         assert len(terms) >= 9 and all(v >= 0 for v in terms.values())
         assert _finish(sum(terms.values())) == info["final_score"]
+
+
+@pytest.mark.parametrize("field", ["token_cost", "confidence"])
+def test_huge_integers_are_schema_violations_not_overflows(field):
+    """float() of an integer of a few hundred digits overflows; the schema rejects such values with ValueError."""
+    from env.models import validate_action
+
+    with pytest.raises(ValueError, match=field):
+        validate_action({"action_type": "stop_recruitment", field: 10**400})
+    if field == "token_cost":  # the env sums token costs as floats: 64-bit integers only
+        with pytest.raises(ValueError, match=field):
+            validate_action({"action_type": "stop_recruitment", field: 2**63})
