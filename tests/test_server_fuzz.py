@@ -28,7 +28,7 @@ from websockets.sync.client import connect  # noqa: E402
 
 from env import ClinicalRecruitmentEnv, heuristic_policy  # noqa: E402
 from env.client import RemoteEnv  # noqa: E402
-from env.models import ACTION_TYPES  # noqa: E402
+from env.models import ACTION_TYPES, STRING_FIELDS  # noqa: E402
 
 SEED = 35
 ROUNDS = 500
@@ -70,16 +70,7 @@ RAW_FRAGMENTS = [
 ]
 KEYS = [
     "action_type",
-    "patient_id",
-    "site_id",
-    "strategy_change",
-    "hypothesis",
-    "plan_id",
-    "plan_summary",
-    "target_phase",
-    "memory_key",
-    "memory_query",
-    "memory_payload",
+    *STRING_FIELDS,
     "confidence",
     "token_cost",
     "task_id",
