@@ -459,9 +459,7 @@ def last_checkpoint(output_dir: str) -> str | None:
 
 def cpu_defaults() -> dict[str, Any]:
     """GRPOConfig values that make a plain CPU run work and learn (see shared TRL facts)."""
-    import torch
-
-    defaults: dict[str, Any] = {
+    return {
         "learning_rate": 3e-5,  # chosen for the tiny model's full fine-tune; a LoRA run wants about 1e-4
         "per_device_train_batch_size": 32,
         "num_generations": 8,
@@ -472,10 +470,16 @@ def cpu_defaults() -> dict[str, Any]:
         "temperature": 1.0,
         "logging_steps": 1,
         "save_steps": 10,
-        "report_to": "none",
-        "gradient_checkpointing": False,
-        "seed": 0,
+        **trainer_defaults(),
     }
+
+
+def trainer_defaults() -> dict[str, Any]:
+    """Trainer-config values every recipe shares: no logger, no gradient checkpointing, seed 0, and fp32 on the CPU
+    when there is no GPU."""
+    import torch
+
+    defaults: dict[str, Any] = {"report_to": "none", "gradient_checkpointing": False, "seed": 0}
     if not torch.cuda.is_available():
         defaults.update({"bf16": False, "use_cpu": True})
     return defaults

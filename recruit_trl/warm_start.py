@@ -57,6 +57,7 @@ from recruit_trl.training import (
     parse_int_ranges,
     resolve_model_for,
     sft_arguments,
+    trainer_defaults,
     with_env_tasks,
 )
 
@@ -74,7 +75,7 @@ class SFTScriptArguments(SFTArguments, TaskArguments, PromptConfig):
 def sft_defaults() -> dict[str, Any]:
     """``SFTConfig`` values of the warm start (the SFT recipe's, and the RL recipes' warm start's): CPU-friendly,
     no hub, no logger."""
-    defaults = {
+    return {
         "output_dir": "outputs/sft_clinical",
         "learning_rate": 1e-3,
         "num_train_epochs": 2,
@@ -82,13 +83,8 @@ def sft_defaults() -> dict[str, Any]:
         "max_length": 1024,
         "logging_steps": 10,
         "save_steps": 100,
-        "report_to": "none",
-        "gradient_checkpointing": False,
-        "seed": 0,
+        **trainer_defaults(),
     }
-    if not torch.cuda.is_available():
-        defaults.update({"bf16": False, "use_cpu": True})
-    return defaults
 
 
 def train_sft(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
