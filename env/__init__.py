@@ -1,18 +1,33 @@
-"""The clinical-trial recruitment environment (bit-exact with the public reference), its tasks and policies.
+"""Environments for recruit_trl, one package each: ``env.clinical`` (clinical-trial recruitment).
 
-from env import ClinicalRecruitmentEnv, TASKS
-env = ClinicalRecruitmentEnv(task="easy_bench")
-obs, info = env.reset(seed=0)
-obs, reward, terminated, truncated, info = env.step({"action_type": "screen_patient", "patient_id": "P-1149"})
+``env.server`` and ``env.client`` serve and reach them over HTTP / WebSocket. The clinical environment's public
+names are re-exported here, so ``from env import ClinicalRecruitmentEnv, TASKS`` keeps working.
 """
 
-import env.expert  # noqa: F401  (registers the grader_heuristic, expert, ... policies)
-from env.core import ClinicalRecruitmentEnv, EnvSnapshot
-from env.feature_vector import FEATURE_NAMES, STATE_DIM, features
-from env.models import ACTION_TYPES, HYPOTHESES, PLAN_PHASES, Action, validate_action
-from env.policies import POLICIES, get_policy, heuristic_policy, random_policy, register_policy, run_episode
-from env.tasks import ALL_TASKS, PUBLIC_TASK_IDS, TASKS, TaskSpec, get_task
-from env.world import world_fingerprint
+from env.clinical import (
+    ACTION_TYPES,
+    ALL_TASKS,
+    FEATURE_NAMES,
+    HYPOTHESES,
+    PLAN_PHASES,
+    POLICIES,
+    PUBLIC_TASK_IDS,
+    STATE_DIM,
+    TASKS,
+    Action,
+    ClinicalRecruitmentEnv,
+    EnvSnapshot,
+    TaskSpec,
+    features,
+    get_policy,
+    get_task,
+    heuristic_policy,
+    random_policy,
+    register_policy,
+    run_episode,
+    validate_action,
+    world_fingerprint,
+)
 
 __all__ = [
     "ACTION_TYPES",

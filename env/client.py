@@ -4,12 +4,12 @@
         obs, info = env.reset(seed=0)
         obs, reward, terminated, truncated, info = env.step({"action_type": "screen_patient", "patient_id": "P-1149"})
 
-Contract (same as :class:`env.core.ClinicalRecruitmentEnv`):
+Contract (same as :class:`env.clinical.core.ClinicalRecruitmentEnv`):
 
 * ``reset(seed=None, options=None) -> (obs, info)``; ``options={"task": id}`` switches task (``"episode_id"`` is
   passed through). ``obs`` has exactly the observation fields; ``info`` is ``{task, difficulty}``.
 * ``step(action) -> (obs, reward, terminated, truncated, info)``; ``action`` is a dict or an
-  :class:`env.models.Action`. The flat server response is split back into the observation and ``info``
+  :class:`env.clinical.models.Action`. The flat server response is split back into the observation and ``info``
   (``step``, ``reward_breakdown``, ``last_action_error``, and at the end ``hindsight_summary``, ``final_score``,
   ``grader_task``), exactly the local env's ``info``; the raw ``metadata`` of the last reply (e.g. the server's
   ``replay_warning``) is kept in ``env.last_metadata``. ``truncated`` is derived like the local env: the episode

@@ -43,8 +43,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from env.client import TOKEN_ENV, is_loopback
-from env.core import ClinicalRecruitmentEnv
-from env.policies import heuristic_policy
+from env.clinical.core import ClinicalRecruitmentEnv
+from env.clinical.policies import heuristic_policy
 
 # The reference server, same kind of 2-core machine: 143-203 requests/s over 24 sessions, p50 ~5 ms.
 REFERENCE_REQUESTS_PER_S = 203.0
@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         args.token = os.environ.get(TOKEN_ENV) or None
     if not 1 <= args.sessions <= 4096 or not 1 <= args.episodes_per_session <= 1000 or args.max_seconds <= 0:
         raise SystemExit("--sessions must be in 1..4096, --episodes-per-session in 1..1000, --max-seconds > 0")
-    from env.tasks import get_task
+    from env.clinical.tasks import get_task
 
     get_task(args.task)
     report = run(args)

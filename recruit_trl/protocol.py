@@ -12,9 +12,10 @@ recruit_trl never imports a concrete environment. An environment package impleme
   continuations; optionally episode metrics, reference figures, a remote client and task descriptions.
 
 :func:`get_env_interface` finds an interface by name: registered in-process with :func:`register_env`, declared by
-an installed package as an entry point of the ``recruit_trl.envs`` group (``clinical = "env.agent:CLINICAL"`` in
-this project's ``pyproject.toml``), or named ``"package.module:attribute"`` (imported on demand), so a recipe can
-name an environment that recruit_trl has never heard of.
+an installed package as an entry point of the ``recruit_trl.envs`` group
+(``clinical = "env.clinical.agent:CLINICAL"`` in this project's ``pyproject.toml``), or named
+``"package.module:attribute"`` (imported on demand), so a recipe can name an environment that recruit_trl has never
+heard of.
 """
 
 from __future__ import annotations

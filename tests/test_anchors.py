@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import env.agent  # noqa: F401
+import env.clinical.agent  # noqa: F401
 from recruit_trl.anchors import Anchor, AnchorCache, anchor_dataset, anchor_from_prompt, build_anchors
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.training import parse_int_ranges

@@ -287,7 +287,7 @@ def test_random_candidates_are_legal_for_whole_episodes(task):
 
 
 def test_free_actions_head_the_list_and_the_fallback_never_idles():
-    from env.agent import PASSIVE_TYPES
+    from env.clinical.agent import PASSIVE_TYPES
 
     env = ClinicalRecruitmentEnv("hard_bench")
     obs, _ = env.reset(seed=1)
@@ -312,7 +312,7 @@ def test_plans_are_offered_until_the_agent_has_its_own():
     """The graders pay for a plan of the agent's own; an index-contract student can only make one if it is listed."""
     import random
 
-    from env.expert import ExpertPolicy
+    from env.clinical.expert import ExpertPolicy
     from recruit_trl.traces import match_candidate
 
     env = ClinicalRecruitmentEnv("medium_bench")
@@ -335,7 +335,7 @@ def test_one_negotiation_is_listed_with_the_site_that_most_needs_one():
     """With one negotiation per site the student learnt "negotiate" as one position, whatever site needed it."""
     import copy
 
-    from env.agent import negotiation_order
+    from env.clinical.agent import negotiation_order
 
     env = ClinicalRecruitmentEnv("medium_bench")
     obs, _ = env.reset(seed=0)
@@ -360,8 +360,8 @@ def test_one_negotiation_is_listed_with_the_site_that_most_needs_one():
 
 def test_the_prompt_shows_what_the_fixed_calendar_holds_after_today():
     """Scheduled dropouts decide when enrolling pays; the prompt shows those still ahead and the curriculum."""
-    from env.agent import calendar_line
-    from env.world import scheduled_dropout_days
+    from env.clinical.agent import calendar_line
+    from env.clinical.world import scheduled_dropout_days
 
     hard = scheduled_dropout_days("hard_bench")
     assert len(hard) == 21 and hard[-5:] == (137, 152, 163, 167, 173)  # spec: 21 scheduled dropouts on hard

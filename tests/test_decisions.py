@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-import env.agent  # noqa: F401
+import env.clinical.agent  # noqa: F401
 from recruit_trl.contracts import build_messages, parse_action
 from recruit_trl.decisions import (
     answer_actions,
@@ -25,7 +25,7 @@ from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout import day_seed, group_seed
 from recruit_trl.traces import same_action
 
-INTERFACE = get_env_interface("env.agent:CLINICAL")
+INTERFACE = get_env_interface("env.clinical.agent:CLINICAL")
 TASKS = ["easy_bench", "hard_bench_stage_30"]
 SEEDS = [500, 501]
 DAYS = [0, 8, 16, 24]

@@ -302,7 +302,7 @@ def test_hidden_world_type_is_still_graded_against_the_truth():
 
 
 def test_grade_terms_add_up_to_the_final_score():
-    from env.graders import _finish
+    from env.clinical.graders import _finish
 
     for task in ("easy_bench", "medium_bench", "hard_bench"):
         env = ClinicalRecruitmentEnv(task)
@@ -320,7 +320,7 @@ def test_grade_terms_add_up_to_the_final_score():
 @pytest.mark.parametrize("field", ["token_cost", "confidence"])
 def test_huge_integers_are_schema_violations_not_overflows(field):
     """float() of an integer of a few hundred digits overflows; the schema rejects such values with ValueError."""
-    from env.models import validate_action
+    from env.clinical.models import validate_action
 
     with pytest.raises(ValueError, match=field):
         validate_action({"action_type": "stop_recruitment", field: 10**400})

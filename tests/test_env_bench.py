@@ -1,5 +1,5 @@
-"""The environment benchmark (``python -m env.bench``) on a tiny budget: its policy, its measurements, its workers,
-its report and, where git is available, the comparison against a commit checked out in a worktree."""
+"""The environment benchmark (``python -m env.clinical.bench``) on a tiny budget: its policy, its measurements, its
+workers, its report and, where git is available, the comparison against a commit checked out in a worktree."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from env import bench
-from env.core import ClinicalRecruitmentEnv
-from env.policies import heuristic_policy
-from env.tasks import PUBLIC_TASK_IDS
+from env.clinical import bench
+from env.clinical.core import ClinicalRecruitmentEnv
+from env.clinical.policies import heuristic_policy
+from env.clinical.tasks import PUBLIC_TASK_IDS
 
 TASK = "hard_bench_stage_30"
 ROOT = Path(__file__).parents[1]

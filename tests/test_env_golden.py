@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from env.golden import replay_episode
+from env.clinical.golden import replay_episode
 
 GOLDEN_FILE = Path(__file__).parent / "data" / "golden_trajectories.json"
 
@@ -25,7 +25,8 @@ def test_golden_episode_replays_exactly(golden_episodes, index):
 
 
 def test_golden_cli_reports_and_exits_zero():
-    proc = subprocess.run([sys.executable, "-m", "env.golden", str(GOLDEN_FILE)], capture_output=True, text=True)
+    command = [sys.executable, "-m", "env.clinical.golden", str(GOLDEN_FILE)]
+    proc = subprocess.run(command, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "24 passed, 0 failed"
 
@@ -37,7 +38,7 @@ def test_golden_cli_fails_on_a_tampered_episode(golden_episodes, tmp_path):
     episode["steps"][3]["reward"] += 0.0001
     path = tmp_path / "bad.json"
     path.write_text(json.dumps([episode, golden_episodes[1]]))
-    proc = subprocess.run([sys.executable, "-m", "env.golden", str(path)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "env.clinical.golden", str(path)], capture_output=True, text=True)
     assert proc.returncode == 1
     assert proc.stdout.strip().splitlines()[-1] == "1 passed, 1 failed"
     assert "step 3" in proc.stdout

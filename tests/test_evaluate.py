@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import env.agent
+import env.clinical.agent
 from recruit_trl.cli import main as cli
 from recruit_trl.evaluate import EvalConfig, evaluate
 from recruit_trl.report import format_table, plot_results
@@ -76,7 +76,7 @@ def test_enrolment_over_the_days_follows_each_episode():
     config = EvalConfig(tasks=("easy_bench",), seeds=(0, 1))
     logs = Evaluator(config).run_policy("safe")
     for log in logs:  # the same episode replayed by hand: enrolled_so_far and budget_remaining after every decision
-        game, policy = ClinicalRecruitmentEnv("easy_bench"), env.agent.CLINICAL.get_policy("safe")
+        game, policy = ClinicalRecruitmentEnv("easy_bench"), env.clinical.agent.CLINICAL.get_policy("safe")
         obs, _ = game.reset(seed=log.seed)
         by_day, budget = [], []
         for _ in range(180):
@@ -205,7 +205,7 @@ def test_report_plots_enrolment_and_summarises_it(tmp_path):
     from recruit_trl.report import summary, write_report
 
     report = evaluate(["safe", "random"], EvalConfig(tasks=(TASK, "easy_bench"), seeds=(0, 1)), progress=False)
-    clinical = env.agent.CLINICAL
+    clinical = env.clinical.agent.CLINICAL
     paths = write_report(tmp_path, {"results": report["results"], "config": {"eval_seeds": "0-1"}}, clinical)
     assert Path(paths["enrolled_by_day"]).read_bytes()[:4] == b"\x89PNG"
     assert Path(paths["enrolled_by_day"]).name == "enrolled_by_day.png"

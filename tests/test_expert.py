@@ -1,5 +1,5 @@
-"""The grader-aware base policy and the lookahead expert (env/expert.py): determinism, legality, no clairvoyance,
-a small score check; the full 20-seed evaluation is marked slow."""
+"""The grader-aware base policy and the lookahead expert (env/clinical/expert.py): determinism, legality, no
+clairvoyance, a small score check; the full 20-seed evaluation is marked slow."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import statistics
 import pytest
 
 from env import ClinicalRecruitmentEnv, get_policy, random_policy
-from env.expert import ExpertPolicy, GraderHeuristic, grader_heuristic, main, play, task_facts
-from env.models import validate_action
+from env.clinical.expert import ExpertPolicy, GraderHeuristic, grader_heuristic, main, play, task_facts
+from env.clinical.models import validate_action
 
 TASKS = ("easy_bench", "medium_bench", "hard_bench")
 # A small planner: decides often (every day of the last 6 and every 40 days) but cheaply.

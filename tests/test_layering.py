@@ -18,7 +18,8 @@ import recruit_trl.protocol as protocol
 from recruit_trl.protocol import get_env_interface, register_env
 
 ROOT = Path(__file__).parents[1]
-# A string that names a module of the env package ("env.agent", "env.agent:CLINICAL"): an import in disguise.
+# A string that names a module of the env package ("env.clinical.agent", "env.clinical.agent:CLINICAL"): an import
+# in disguise.
 ENV_MODULE = re.compile(r"env(\.\w+)*[.:]\w+")
 
 
@@ -68,11 +69,12 @@ def test_recruit_trl_never_imports_env():
 
 def test_the_clinical_environment_is_an_installed_entry_point():
     entry_points = {ep.name: ep for ep in importlib.metadata.entry_points(group="recruit_trl.envs")}
-    assert entry_points["clinical"].value == "env.agent:CLINICAL"
-    import env.agent
+    assert entry_points["clinical"].value == "env.clinical.agent:CLINICAL"
+    import env.clinical.agent
 
-    assert get_env_interface("clinical") is env.agent.CLINICAL
-    assert get_env_interface("env.agent:CLINICAL") is env.agent.CLINICAL  # module:attribute still works
+    assert get_env_interface("clinical") is env.clinical.agent.CLINICAL
+    # module:attribute still works
+    assert get_env_interface("env.clinical.agent:CLINICAL") is env.clinical.agent.CLINICAL
 
 
 def test_lookup_order_and_errors(monkeypatch):
@@ -84,5 +86,5 @@ def test_lookup_order_and_errors(monkeypatch):
     assert get_env_interface("factory") is mine and protocol._REGISTRY["factory"] is mine
     with pytest.raises(ValueError, match=r"Unknown environment 'nowhere'\. Known: \[.*'clinical'.*'factory'"):
         get_env_interface("nowhere")
-    with pytest.raises(ValueError, match="Cannot import environment interface 'env.agent:MISSING'"):
-        get_env_interface("env.agent:MISSING")
+    with pytest.raises(ValueError, match="Cannot import environment interface 'env.clinical.agent:MISSING'"):
+        get_env_interface("env.clinical.agent:MISSING")

@@ -372,23 +372,23 @@ def test_load_smollm2(tmp_path):
 
 def test_tiny_model_cache_key_follows_the_prompts():
     """A change to the candidate lists (or the rendering) changes the fingerprint in the tiny model's cache key."""
-    import env.agent
+    import env.clinical.agent
     from recruit_trl.training import prompt_fingerprint
 
-    class FewerCandidates(env.agent.ClinicalInterface):
+    class FewerCandidates(env.clinical.agent.ClinicalInterface):
         def candidate_actions(self, obs):
             return super().candidate_actions(obs)[:-1]
 
-    class OtherText(env.agent.ClinicalInterface):
+    class OtherText(env.clinical.agent.ClinicalInterface):
         def render(self, obs, recent):
             return super().render(obs, recent) + "\nNote"
 
     tasks = ["hard_bench_stage_30"]
-    base = prompt_fingerprint(env.agent.CLINICAL, tasks, "index", 2)
-    assert base == prompt_fingerprint(env.agent.ClinicalInterface(), tasks, "index", 2)
+    base = prompt_fingerprint(env.clinical.agent.CLINICAL, tasks, "index", 2)
+    assert base == prompt_fingerprint(env.clinical.agent.ClinicalInterface(), tasks, "index", 2)
     assert base != prompt_fingerprint(FewerCandidates(), tasks, "index", 2)
     assert base != prompt_fingerprint(OtherText(), tasks, "index", 2)
-    assert base != prompt_fingerprint(env.agent.CLINICAL, tasks, "index", 1)
+    assert base != prompt_fingerprint(env.clinical.agent.CLINICAL, tasks, "index", 1)
 
 
 def test_4bit_layers_keep_their_gradients_after_an_eval_mode_forward(tmp_path):

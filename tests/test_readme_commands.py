@@ -182,7 +182,7 @@ def test_bench_rollout_commands(warm_model, tmp_path):
 
 
 def test_env_bench_command(tmp_path):
-    commands = commands_matching("python -m env.bench")
+    commands = commands_matching("python -m env.clinical.bench")
     assert commands
     for k, command in enumerate(commands):  # a documented --json goes to tmp_path instead
         argv = [a for a in shlex.split(command) if not a.endswith(".json") and a != "--json"]

@@ -17,7 +17,7 @@ from datasets import load_from_disk
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-import env.agent  # noqa: F401
+import env.clinical.agent  # noqa: F401
 from recruit_trl.models import METADATA_FILE
 from recruit_trl.sft import best_round
 
@@ -86,7 +86,7 @@ def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
     from recruit_trl.warm_start import WarmStartSFTTrainer, token_metrics
 
     recipe = load("sft_clinical")
-    interface = env.agent.CLINICAL
+    interface = env.clinical.agent.CLINICAL
     train, _, _ = build_sft_datasets(interface, ["hard_bench_stage_30"], [1], [2], teacher="safe")
     train = train.remove_columns(["task", "seed", "day", "action_type", "candidate_types"]).select(range(8))
     args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", max_length=1024)

@@ -182,7 +182,7 @@ def test_branch_scores_each_distinct_action_once_over_several_continuations(toke
 
 
 def test_continuations_reseed_the_environment_every_simulated_day(tokenizer, monkeypatch):
-    from env.core import ClinicalRecruitmentEnv
+    from env.clinical.core import ClinicalRecruitmentEnv
     from recruit_trl.rollout import day_seed, group_seed
 
     seeds = []

@@ -28,7 +28,7 @@ from websockets.sync.client import connect  # noqa: E402
 
 from env import ClinicalRecruitmentEnv, heuristic_policy  # noqa: E402
 from env.client import RemoteEnv  # noqa: E402
-from env.models import ACTION_TYPES, STRING_FIELDS  # noqa: E402
+from env.clinical.models import ACTION_TYPES, STRING_FIELDS  # noqa: E402
 
 SEED = 35
 ROUNDS = 500

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-import env.agent  # noqa: F401
+import env.clinical.agent  # noqa: F401
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.sft import SFTArguments, balance_action_types, best_round, build_sft_datasets
 

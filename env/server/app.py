@@ -19,7 +19,8 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import Response
 from starlette.requests import cookie_parser
 
-from env.models import Action
+from env.clinical.models import Action
+from env.clinical.tasks import PUBLIC_TASK_IDS
 from env.server.access import AccessGuard, BodyLimitMiddleware
 from env.server.codec import dumps
 from env.server.episodes import do_reset, do_step, state_payload
@@ -38,7 +39,6 @@ from env.server.schemas import metadata_document, schema_document, tasks_documen
 from env.server.sessions import Session, SessionLimitError, SessionStore, client_address
 from env.server.settings import ServerSettings
 from env.server.ws import serve_websocket
-from env.tasks import PUBLIC_TASK_IDS
 
 logger = logging.getLogger("env.server")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from env.core import ClinicalRecruitmentEnv
+from env.clinical.core import ClinicalRecruitmentEnv
 from env.server.protocol import ApiError, check_action
 from env.server.sessions import REPLAY_WINDOW, Session
 

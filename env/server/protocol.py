@@ -12,9 +12,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from env.models import Action, validate_action
+from env.clinical.models import Action, validate_action
+from env.clinical.tasks import get_task
 from env.server.codec import find_lone_surrogate, loads, printable
-from env.tasks import get_task
 
 APP_NAME = "adaptive-clinical-recruitment"
 COOKIE_NAME = "acr_session_id"

@@ -7,8 +7,8 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+from env.clinical.tasks import TASKS
 from env.server.protocol import APP_NAME
-from env.tasks import TASKS
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -13,7 +13,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 
-from env.core import ClinicalRecruitmentEnv
+from env.clinical.core import ClinicalRecruitmentEnv
 
 REPLAY_WINDOW = 5  # identical actions in a row that earn a replay warning
 

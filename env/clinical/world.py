@@ -14,7 +14,7 @@ import json
 import random
 from dataclasses import dataclass
 
-from env.tasks import TaskSpec, get_task
+from env.clinical.tasks import TaskSpec, get_task
 
 EVENT_TYPES = (
     "patient_dropout",
@@ -145,7 +145,7 @@ def scheduled_dropout_days(task_id: str) -> tuple[int, ...]:
 
 def curriculum_windows(task_id: str) -> tuple[tuple[int, int], ...]:
     """A task's curriculum windows as ``(first, last)`` days, both in curriculum (spec 3.4); a stage task's windows
-    are already clipped to its horizon (:func:`env.tasks.stage_task`)."""
+    are already clipped to its horizon (:func:`env.clinical.tasks.stage_task`)."""
     return tuple((start, start + duration) for start, duration in get_task(task_id).curriculum)
 
 

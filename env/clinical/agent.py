@@ -35,13 +35,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from env.core import ClinicalRecruitmentEnv
-from env.expert import p_allocate, target_site
-from env.graders import BUDGET_RESERVE
-from env.models import ACTION_TYPES, validate_action
-from env.policies import get_policy, register_policy
-from env.tasks import ALL_TASKS, PUBLIC_TASK_IDS, TASKS, get_task
-from env.world import curriculum_windows, hold_days, scheduled_dropout_days
+from env.clinical.core import ClinicalRecruitmentEnv
+from env.clinical.expert import p_allocate, target_site
+from env.clinical.graders import BUDGET_RESERVE
+from env.clinical.models import ACTION_TYPES, validate_action
+from env.clinical.policies import get_policy, register_policy
+from env.clinical.tasks import ALL_TASKS, PUBLIC_TASK_IDS, TASKS, get_task
+from env.clinical.world import curriculum_windows, hold_days, scheduled_dropout_days
 
 WORLD_HYPOTHESIS = {"noise": "noise_dominant", "site_bias": "site_bias", "dropout": "dropout_dominant"}
 SHAPING = {"allocate_to_site": 0.20, "recontact": 0.15, "screen_patient": 0.10}

@@ -1,10 +1,11 @@
 """Expert policies for the recruitment environment: a grader-aware heuristic and a lookahead planner.
 
-Registered policies (importing this module registers them with :func:`env.policies.register_policy`):
+Registered policies (importing this module registers them with :func:`env.clinical.policies.register_policy`):
 
 * ``grader_heuristic`` / ``enrolment_heuristic`` (:class:`GraderHeuristic`, modes ``"score"`` / ``"enrolment"``):
   hand-written and *stateless*: every decision is a function of the observation and of public, fixed task facts
-  (the task parameters of :mod:`env.tasks` and the event calendar of :mod:`env.world`, which is the same for
+  (the task parameters of :mod:`env.clinical.tasks` and the event calendar of :mod:`env.clinical.world`, which is
+  the same for
   every reset seed: the reference results call this "knowledge of the fixed calendar"). It never reads the
   environment, its RNG or the reset seed and keeps no memory between calls, so it can continue any episode
   from any state (anchors, branch rollouts, traces with exploration). Its ``rng`` argument is unused.
@@ -90,7 +91,7 @@ What the score-mode base policy does, term by term (spec section 11)
     site variety, no re-allocation of dropped patients, no strategy strings on other actions (quirks 10, 12,
     13 and 17 are left alone).
 
-Measured (``python -m env.expert --seeds 0-19``; reset seeds 0..19, policy rng seeded with the reset seed):
+Measured (``python -m env.clinical.expert --seeds 0-19``; reset seeds 0..19, policy rng seeded with the reset seed):
 
     policy               task             score mean ± sd  enrolled  s/episode
     grader_heuristic     easy_bench        0.746 ± 0.013      37.8      0.011
@@ -120,11 +121,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from env.core import ClinicalRecruitmentEnv
-from env.graders import BUDGET_RESERVE, grade
-from env.policies import register_policy
-from env.tasks import TaskSpec, get_task
-from env.world import curriculum_windows, get_world, hold_days_of, scheduled_dropout_days
+from env.clinical.core import ClinicalRecruitmentEnv
+from env.clinical.graders import BUDGET_RESERVE, grade
+from env.clinical.policies import register_policy
+from env.clinical.tasks import TaskSpec, get_task
+from env.clinical.world import curriculum_windows, get_world, hold_days_of, scheduled_dropout_days
 
 Obs = Mapping[str, Any]
 Action = dict[str, Any]
@@ -930,8 +931,8 @@ def _parse_seeds(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m env.expert --seeds 0-19``: score and enrolment of the base and expert policies."""
-    parser = argparse.ArgumentParser(prog="python -m env.expert", description=main.__doc__)
+    """``python -m env.clinical.expert --seeds 0-19``: score and enrolment of the base and expert policies."""
+    parser = argparse.ArgumentParser(prog="python -m env.clinical.expert", description=main.__doc__)
     parser.add_argument("--seeds", default="0-19", help="reset seeds, e.g. 0-19 or 0,3,5-7 (default 0-19)")
     parser.add_argument("--tasks", default="easy_bench,medium_bench,hard_bench")
     parser.add_argument(

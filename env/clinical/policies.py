@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from env.models import ACTION_TYPES, HYPOTHESES, PLAN_PHASES
+from env.clinical.models import ACTION_TYPES, HYPOTHESES, PLAN_PHASES
 
 Policy = Callable[[dict[str, Any], random.Random], dict[str, Any]]
 POLICIES: dict[str, Policy] = {}

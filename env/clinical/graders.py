@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from operator import itemgetter, ne
 from typing import Any
 
-from env.reward import HYPOTHESIS_WORLD
+from env.clinical.reward import HYPOTHESIS_WORLD
 
 History = Sequence[Mapping[str, Any]]
 

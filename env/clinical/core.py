@@ -2,10 +2,10 @@
 
 One step is one simulated day. Each step runs, in order: curriculum relief, the day's calendar events,
 due delayed effects, the agent's action, backlog drain, natural dropout, uncertainty growth, milestones,
-derived-state refresh, plan follow-through and the shaped reward (:mod:`env.reward`). On the terminal step
-the task's grader (:mod:`env.graders`) turns the final observation and the history into ``final_score``.
+derived-state refresh, plan follow-through and the shaped reward (:mod:`env.clinical.reward`). On the terminal step
+the task's grader (:mod:`env.clinical.graders`) turns the final observation and the history into ``final_score``.
 
-Reward: the reference's shaped per-step reward, rounded to 4 decimals (see :func:`env.reward.step_reward`).
+Reward: the reference's shaped per-step reward, rounded to 4 decimals (see :func:`env.clinical.reward.step_reward`).
 
 Invalid actions: a schema violation (unknown ``action_type``, wrong types, ``confidence`` outside [0, 1])
 raises ``ValueError`` naming the field and consumes nothing. A semantic failure (unknown patient, no
@@ -27,11 +27,11 @@ from bisect import bisect_left, bisect_right, insort
 from itertools import chain
 from typing import Any
 
-from env.graders import grade, grade_terms
-from env.models import HYPOTHESES, PLAN_PHASES, validate_action
-from env.reward import HYPOTHESIS_WORLD, progress_bonus, step_reward, token_penalty
-from env.tasks import TaskSpec, get_task
-from env.world import World, get_world
+from env.clinical.graders import grade, grade_terms
+from env.clinical.models import HYPOTHESES, PLAN_PHASES, validate_action
+from env.clinical.reward import HYPOTHESIS_WORLD, progress_bonus, step_reward, token_penalty
+from env.clinical.tasks import TaskSpec, get_task
+from env.clinical.world import World, get_world
 
 Observation = dict[str, Any]
 Info = dict[str, Any]
@@ -224,7 +224,7 @@ class ClinicalRecruitmentEnv:
         ``obs, info = env.reset(seed=None, options=None)``: ``options={"task": id}`` switches task. The seed
         only seeds the step RNG (``None`` means the task's default seed); the world is fixed per task.
         ``obs, reward, terminated, truncated, info = env.step(action)``: ``action`` is a dict with the
-        reference's fields or an :class:`env.models.Action`. ``terminated`` when the agent stops, the budget
+        reference's fields or an :class:`env.clinical.models.Action`. ``terminated`` when the agent stops, the budget
         hits 0 or the target is reached; ``truncated`` when the step limit ends the episode. ``info`` has
         ``step``, ``reward_breakdown``, ``last_action_error`` and, on the last step, ``hindsight_summary``,
         ``final_score`` and ``grader_task``.
@@ -572,7 +572,7 @@ class ClinicalRecruitmentEnv:
         return self._grade(self._observation())
 
     def grade_terms(self) -> dict[str, float] | None:
-        """The weighted parts of the final grade (:func:`env.graders.grade_terms`) once the episode is over."""
+        """The weighted parts of the final grade (:func:`env.clinical.graders.grade_terms`); episode over only."""
         s = self._require_state()
         if not s.done:
             return None

@@ -1,7 +1,7 @@
 """Task registry: the three public benchmark tasks and their progressive ``*_stage_{30,90,180}`` variants.
 
 Every figure here comes from the behavioural specification (sections 2.1 and 2.4). A task is a frozen
-dataclass; the world it describes (patients, sites, event calendar) is generated in :mod:`env.world`.
+dataclass; the world it describes (patients, sites, event calendar) is generated in :mod:`env.clinical.world`.
 """
 
 from __future__ import annotations
