@@ -246,9 +246,9 @@ def _save(fig, plt, path: str | Path) -> Path:
 
 
 def plot_decisions(result: dict[str, Any], path: str | Path) -> Path:
-    """The decision-level report (:func:`recruit_trl.decisions.evaluate_decisions`) as two panels per policy: strict
-    JSON, valid action and teacher match (the majority answer's share as a line), then the state value ± its standard
-    error (paired differences are in the JSON and the summary)."""
+    """The decision-level report (:func:`recruit_trl.decision_eval.evaluate_decisions`) as two panels per policy:
+    strict JSON, valid action and teacher match (the majority answer's share as a line), then the state value ± its
+    standard error (paired differences are in the JSON and the summary)."""
     plt = _pyplot()
     bench, values = result["benchmark"], result.get("state_value") or {}
     policies = list(bench)
@@ -373,7 +373,7 @@ def summary(report: dict[str, Any], interface: EnvInterface | None = None) -> st
                 cells.append(" / ".join(f"{x:.1f}" for x in numbers).rjust(24))
             lines.append(f"{policy:<12}" + " |".join(cells))
     if report.get("decisions"):
-        from recruit_trl.decisions import format_table as decision_table
+        from recruit_trl.decision_eval import format_table as decision_table
 
         rows = report["decisions"]["config"]["decisions"]
         lines += ["", f"decision level: {rows} held-out decisions (greedy, free decoding), state values", ""]

@@ -252,8 +252,19 @@ class BranchRollout(_RolloutBase):
         out["rejected"] = None if branches[0].applied.valid else branches[0].applied
         return out
 
-    def _outcome(self, anchor: Anchor, state: AnchorState, action: Action, step: int) -> dict[str, Any]:
-        """What ``action`` at the anchor leads to, averaged over ``continuation_seeds`` continuations."""
+    def outcome(self, anchor: Anchor, state: AnchorState, action: Action, step: int) -> dict[str, Any]:
+        """What ``action`` at the anchor leads to, averaged over ``continuation_seeds`` continuations: the GRPO
+        reward's outcome, also used to value actions outside training (:mod:`recruit_trl.decision_values`).
+
+        Each continuation restores the anchor's snapshot, plays ``action`` (a rejected action plays the fallback) and
+        then the continuation policy for the rest of the horizon, re-seeded every simulated day from (anchor, ``step``,
+        ``rollout_seed``, the continuation's number, day): the same arguments give the same outcome. Not cached.
+
+        Returns:
+            The averaged reward components (``reward_fields``), ``final_score`` (``None`` when a continuation ends
+            before the episode does), ``scored_steps``, ``action_error`` and ``rejected`` (the fallback that replaced a
+            rejected action, else ``None``).
+        """
         branches = []
         for seed in self._continuation_seeds(anchor, step):
             branch = self._branch(anchor, state, action, seed)
@@ -267,10 +278,10 @@ class BranchRollout(_RolloutBase):
         return self.teacher_action(self.scorer.start(anchor, state, seed), state.obs, seed, policy)
 
     def _cached_outcome(self, anchor: Anchor, state: AnchorState, action: Action, step: int) -> dict[str, Any]:
-        """:meth:`_outcome`, computed once per (anchor, action) in a call (shared by the rows that sampled it)."""
+        """:meth:`outcome`, computed once per (anchor, action) in a call (shared by the rows that sampled it)."""
         key = self._key(anchor, action)
         if key not in self._outcomes:
-            self._outcomes[key] = self._outcome(anchor, state, action, step)
+            self._outcomes[key] = self.outcome(anchor, state, action, step)
         return self._outcomes[key]
 
     def _self_continued(self, trainer, model, tokenizer, anchors, states, parsed, step) -> None:

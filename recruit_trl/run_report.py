@@ -177,7 +177,8 @@ def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
     the teacher and the safe agent, with paired differences to the SFT model. Cached in ``eval/decisions.json``,
     keyed on the environment, the settings and the models' weights (:func:`recruit_trl.models.model_fingerprint`:
     a re-run that trains further into the same folder measures again)."""
-    from recruit_trl.decisions import decision_set, evaluate_decisions, sample_decisions
+    from recruit_trl.decision_eval import evaluate_decisions
+    from recruit_trl.decisions import decision_set, sample_decisions
 
     out = Path(trainer.args.output_dir)
     policies = {"base": f"model:{model_path}"}

@@ -187,7 +187,7 @@ class ReportArguments:
         default=True,
         metadata={"help": "Decision-level report on held-out states: the benchmark table (strict JSON, valid action, "
                   "teacher match, invalid count) and state values (the final score reached from each policy's "
-                  "action) for the models, the teacher and the safe agent (recruit_trl.decisions)."},
+                  "action) for the models, the teacher and the safe agent (recruit_trl.decision_eval)."},
     )  # fmt: skip
     decision_seeds: str = field(
         default="500-507", metadata={"help": "Reset seeds of the decision-level report's states (never trained on)."}

@@ -11,16 +11,11 @@ import pytest
 
 import env.clinical.agent  # noqa: F401
 from recruit_trl.contracts import build_messages, parse_action
-from recruit_trl.decisions import (
-    answer_actions,
-    benchmark_table,
-    decision_set,
-    evaluate_decisions,
-    format_table,
-    model_answers,
-    sample_decisions,
-    state_values,
-)
+from recruit_trl.decision_answers import answer_actions, model_answers
+from recruit_trl.decision_eval import evaluate_decisions, format_table
+from recruit_trl.decision_table import benchmark_table
+from recruit_trl.decision_values import state_values
+from recruit_trl.decisions import decision_set, sample_decisions
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout import day_seed, group_seed
 from recruit_trl.traces import same_action

@@ -375,6 +375,7 @@ def test_decision_report_is_cached_for_the_weights_and_environment_it_measured(t
     further (or another model) into the same folder measures again."""
     from types import SimpleNamespace
 
+    import recruit_trl.decision_eval as decision_eval
     import recruit_trl.decisions as decisions
     from recruit_trl.run_report import decision_report
 
@@ -393,7 +394,7 @@ def test_decision_report_is_cached_for_the_weights_and_environment_it_measured(t
         measured.append((out / "model.safetensors").read_bytes())
         return {"measured": len(measured)}
 
-    monkeypatch.setattr(decisions, "evaluate_decisions", evaluate_decisions)
+    monkeypatch.setattr(decision_eval, "evaluate_decisions", evaluate_decisions)
     assert decision_report(script_args, model_args, trainer, str(base)) == {"measured": 1}
     assert decision_report(script_args, model_args, trainer, str(base)) == {"measured": 1}  # cached
     (out / "model.safetensors").write_bytes(b"trained further")  # the same step count, other weights

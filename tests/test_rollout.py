@@ -170,8 +170,8 @@ def test_branch_scores_each_distinct_action_once_over_several_continuations(toke
     texts = ['{"action_index": 0}', '{"action_index": 0}', '{"action_index": 0}', '{"action_index": 1}']
     rollout = BranchRollout(RolloutConfig(horizon=5, continuation_seeds=3))
     calls = []
-    outcome = rollout._outcome
-    monkeypatch.setattr(rollout, "_outcome", lambda *a: calls.append(a[2]) or outcome(*a))
+    outcome = rollout.outcome
+    monkeypatch.setattr(rollout, "outcome", lambda *a: calls.append(a[2]) or outcome(*a))
     out, _ = run(rollout, tokenizer, monkeypatch, texts)
     assert len(calls) == 4  # two anchors x two distinct actions
     assert rollout.scorer.env_steps == 4 * 3 * 6  # each: 3 continuations of the action + 5 days

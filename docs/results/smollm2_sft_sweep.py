@@ -13,7 +13,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipes"))
 import sft_clinical  # noqa: E402
 
-from recruit_trl.decisions import decision_set, evaluate_decisions, format_table, sample_decisions
+from recruit_trl.decision_eval import evaluate_decisions, format_table
+from recruit_trl.decisions import decision_set, sample_decisions
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.training import parse_int_ranges
 
