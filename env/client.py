@@ -1,20 +1,26 @@
-"""``RemoteEnv``: the local environment's API over HTTP or WebSocket (our server or the reference's).
+"""``RemoteEnv``: a served environment's local API over HTTP or WebSocket (our server or the reference's).
 
     with RemoteEnv("http://127.0.0.1:8000", task="easy_bench", transport="http") as env:
         obs, info = env.reset(seed=0)
         obs, reward, terminated, truncated, info = env.step({"action_type": "screen_patient", "patient_id": "P-1149"})
 
-Contract (same as :class:`env.clinical.core.ClinicalRecruitmentEnv`):
+The client works with any environment that :mod:`env.server` serves: ``env=`` names its
+:class:`~env.server.served.ServedEnv` (default ``"clinical"``), which says how to read the replies back (the
+observation's fields, the ``info`` keys the server moves to ``metadata``, how ``terminated`` / ``truncated`` are
+told apart). ``RemoteEnv(url, task=..., env="myenv")`` reaches ``recruit-trl serve --env myenv``.
+
+Contract (same as the local env, e.g. :class:`env.clinical.core.ClinicalRecruitmentEnv`):
 
 * ``reset(seed=None, options=None) -> (obs, info)``; ``options={"task": id}`` switches task (``"episode_id"`` is
-  passed through). ``obs`` has exactly the observation fields; ``info`` is ``{task, difficulty}``.
-* ``step(action) -> (obs, reward, terminated, truncated, info)``; ``action`` is a dict or an
-  :class:`env.clinical.models.Action`. The flat server response is split back into the observation and ``info``
-  (``step``, ``reward_breakdown``, ``last_action_error``, and at the end ``hindsight_summary``, ``final_score``,
-  ``grader_task``), exactly the local env's ``info``; the raw ``metadata`` of the last reply (e.g. the server's
-  ``replay_warning``) is kept in ``env.last_metadata``. ``truncated`` is derived like the local env: the episode
-  ended because ``timestamp >= max_steps``, the action was not a stop, the budget is not 0 and the target is not
-  reached; ``terminated`` otherwise.
+  passed through). ``obs`` is the observation (exactly the environment's observation fields when it lists them);
+  ``info`` is the local env's reset ``info``.
+* ``step(action) -> (obs, reward, terminated, truncated, info)``; ``action`` is a dict or a pydantic model (sent as
+  its ``model_dump()``). The server's reply is split back into the observation and ``info``, exactly the local env's
+  ``info``; the raw ``metadata`` of the last reply (e.g. the server's ``replay_warning``) is kept in
+  ``env.last_metadata``. ``terminated`` and ``truncated`` come from the reply's ``metadata`` when the server reports
+  them, else from the environment's ``split_done``: for the clinical environment (whose replies keep the
+  reference's shape) ``truncated`` when the episode ended because ``timestamp >= max_steps``, the action was not a
+  stop, the budget is not 0 and the target is not reached; ``terminated`` otherwise.
 * ``state() -> dict``; ``close()``; usable as a context manager.
 
 Errors: a schema violation (server 422 / WS ``VALIDATION_ERROR``) raises ``ValueError`` with the server's message,
@@ -53,29 +59,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-__all__ = [
-    "OBSERVATION_FIELDS",
-    "TOKEN_ENV",
-    "RemoteEnv",
-    "RemoteEnvError",
-    "SessionLostError",
-    "is_loopback",
-    "split_done",
-]
+from env.server.served import DEFAULT_ENV, ENVELOPE_KEYS, ServedEnv, find_served
+
+__all__ = ["TOKEN_ENV", "RemoteEnv", "RemoteEnvError", "SessionLostError", "is_loopback"]
 
 COOKIE_NAME = "acr_session_id"
 TOKEN_ENV = "RECRUIT_TRL_TOKEN"  # the bearer token when none is given explicitly (client and server)
-STOP_ACTION = "stop_recruitment"
-OBSERVATION_FIELDS: tuple[str, ...] = (
-    "timestamp", "budget_remaining", "time_to_deadline_days", "enrolled_so_far", "target_enrollment", "task_id",
-    "max_steps", "initial_budget", "current_funnel", "available_patients", "recontact_candidates",
-    "allocation_candidates", "site_performance", "recent_events", "uncertainty_level", "difficulty",
-    "dropout_rate_7d", "screening_backlog", "causal_insight", "hypothesis_accuracy", "world_type", "milestones",
-    "active_constraints", "delayed_effects_pending", "uncertainty_components", "patient_memory_summary",
-    "counterfactual_hint", "current_plan", "indexed_memory_summary", "retrieved_memory_context",
-    "milestone_potential", "active_milestone", "hindsight_available", "token_budget_remaining",
-    "token_usage_so_far", "token_efficiency_score", "counterfactual_rollout",
-)  # fmt: skip
 _SESSION_LOST_MARKERS = ("Session expired or missing", "No active session")
 # Transport errors raised before a request was sent (safe to retry even for a step).
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -89,19 +78,6 @@ class SessionLostError(RemoteEnvError):
     """The server no longer has this env's episode (expired, deleted, connection lost); call ``reset()``."""
 
 
-def split_done(obs: dict[str, Any], done: bool, action_type: str) -> tuple[bool, bool]:
-    """``(terminated, truncated)`` from ``done`` the way the local env decides them."""
-    if not done:
-        return False, False
-    truncated = (
-        action_type != STOP_ACTION
-        and obs["timestamp"] >= obs["max_steps"]
-        and obs["budget_remaining"] > 0
-        and obs["enrolled_so_far"] < obs["target_enrollment"]
-    )
-    return not truncated, truncated
-
-
 def is_loopback(host: str | None) -> bool:
     if not host:
         return False
@@ -113,9 +89,15 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
-def _extract_obs(payload: dict[str, Any]) -> dict[str, Any]:
+def _extract_obs(payload: Any, fields: tuple[str, ...] | None, flat: bool) -> dict[str, Any]:
+    """The observation in a reply: ``fields`` of ``payload`` when given (every one required), else all of it (of a
+    ``flat`` HTTP reply, all but the envelope keys ``done``, ``reward`` and ``metadata``)."""
+    if not isinstance(payload, dict):
+        raise RemoteEnvError(f"the server's observation is not a JSON object: {payload!r:.200}")
+    if fields is None:
+        return {k: v for k, v in payload.items() if k not in ENVELOPE_KEYS} if flat else payload
     try:
-        return {name: payload[name] for name in OBSERVATION_FIELDS}
+        return {name: payload[name] for name in fields}
     except KeyError as exc:
         raise RemoteEnvError(f"server reply lacks the observation field {exc.args[0]!r}") from None
 
@@ -143,9 +125,16 @@ def _auth_headers(token: str | None) -> dict[str, str]:
 
 class _HttpTransport:
     def __init__(
-        self, base: str, timeout: float, retries: int, client: httpx.Client | None, token: str | None = None
+        self,
+        base: str,
+        timeout: float,
+        retries: int,
+        client: httpx.Client | None,
+        token: str | None = None,
+        fields: tuple[str, ...] | None = None,
     ) -> None:
         self.base = base.rstrip("/")
+        self.fields = fields
         self.auth = _auth_headers(token)
         self.retries = retries
         self.owned = client is None
@@ -196,7 +185,7 @@ class _HttpTransport:
             raise RemoteEnvError("reset reply did not set the session cookie")
         self.sid = sid
         payload = response.json()
-        return _extract_obs(payload), payload.get("metadata") or {}
+        return _extract_obs(payload, self.fields, True), payload.get("metadata") or {}
 
     def step(self, action: dict[str, Any]) -> tuple[dict, float, bool, dict]:
         try:
@@ -228,7 +217,7 @@ class _HttpTransport:
             done = bool(payload["done"])
             if done:
                 self.sid = None  # the server deleted the session
-            return _extract_obs(payload), payload["reward"], done, payload.get("metadata") or {}
+            return _extract_obs(payload, self.fields, True), payload["reward"], done, payload.get("metadata") or {}
         detail = _detail(response)
         if status == 422:
             raise ValueError(detail)
@@ -266,8 +255,11 @@ class _HttpTransport:
 
 
 class _WsTransport:
-    def __init__(self, url: str, timeout: float, retries: int, token: str | None = None) -> None:
+    def __init__(
+        self, url: str, timeout: float, retries: int, token: str | None = None, fields: tuple[str, ...] | None = None
+    ) -> None:
         self.url = url
+        self.fields = fields
         self.timeout = timeout
         self.retries = retries
         self.auth = _auth_headers(token)
@@ -356,7 +348,7 @@ class _WsTransport:
         if reply.get("type") != "observation":
             self._raise(reply, "reset")
         body = reply["data"]
-        return _extract_obs(body["observation"]), body.get("metadata") or {}
+        return _extract_obs(body["observation"], self.fields, False), body.get("metadata") or {}
 
     def step(self, action: dict[str, Any]) -> tuple[dict, float, bool, dict]:
         from websockets.exceptions import WebSocketException
@@ -373,7 +365,8 @@ class _WsTransport:
         if reply.get("type") != "observation":
             self._raise(reply, "step")
         body = reply["data"]
-        return _extract_obs(body["observation"]), body["reward"], bool(body["done"]), body.get("metadata") or {}
+        obs = _extract_obs(body["observation"], self.fields, False)
+        return obs, body["reward"], bool(body["done"]), body.get("metadata") or {}
 
     def state(self) -> dict[str, Any]:
         from websockets.exceptions import WebSocketException
@@ -421,7 +414,8 @@ class RemoteEnv:
 
     Args:
         url: ``http(s)://host:port`` (a path prefix is kept), or ``ws(s)://host:port[/ws]``.
-        task: the task of the next ``reset()`` (``options={"task": ...}`` changes it, as with the local env).
+        task: the task of the next ``reset()`` (``options={"task": ...}`` changes it, as with the local env);
+            default: the environment's default task.
         transport: ``"http"`` (reference routes, cookie session) or ``"ws"`` (OpenEnv protocol on ``/ws``).
         timeout: seconds per request (connect, read and write).
         retries: extra attempts for idempotent calls (GETs and reset) after connection errors.
@@ -430,18 +424,26 @@ class RemoteEnv:
         token: the bearer token of a server started with ``--token`` (sent as ``Authorization: Bearer ...`` on
             every request, both transports); default: the ``RECRUIT_TRL_TOKEN`` environment variable; ``""`` sends
             none.
+        env: the served environment: a :class:`~env.server.served.ServedEnv` or its name
+            (:func:`~env.server.served.find_served`); default ``"clinical"``.
+
+    Raises:
+        ValueError: a bad ``transport``, URL, ``timeout`` or ``retries``, or an unknown ``env``.
     """
 
     def __init__(
         self,
         url: str,
-        task: str = "easy_bench",
+        task: str | None = None,
         transport: str | None = None,
         timeout: float = 30.0,
         retries: int = 3,
         http_client: httpx.Client | None = None,
         token: str | None = None,
+        env: str | ServedEnv = DEFAULT_ENV,
     ) -> None:
+        served = self.served = find_served(env)
+        fields = served.observation_fields
         parts = urlsplit(url)
         if token is None:
             token = os.environ.get(TOKEN_ENV)
@@ -452,12 +454,12 @@ class RemoteEnv:
         if retries < 0 or timeout <= 0:
             raise ValueError("retries must be >= 0 and timeout > 0")
         self.url = url
-        self.task = task
+        self.task = task or served.default_task
         self.transport = transport
         if transport == "http":
             if parts.scheme not in ("http", "https"):
                 raise ValueError(f"an HTTP transport needs an http(s):// URL, got {url!r}")
-            self._t: _HttpTransport | _WsTransport = _HttpTransport(url, timeout, retries, http_client, token)
+            self._t: _HttpTransport | _WsTransport = _HttpTransport(url, timeout, retries, http_client, token, fields)
         else:
             scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
             if scheme not in ("ws", "wss"):
@@ -466,7 +468,7 @@ class RemoteEnv:
             if not path.endswith("/ws"):
                 path += "/ws"
             ws_url = urlunsplit((scheme, parts.netloc, path, parts.query, ""))
-            self._t = _WsTransport(ws_url, timeout, retries, token)
+            self._t = _WsTransport(ws_url, timeout, retries, token, fields)
         self._active = False  # an episode is running
         self._done = False
         self.seed_honored: bool | None = None  # after reset(seed=...): did the server acknowledge the seed?
@@ -496,7 +498,7 @@ class RemoteEnv:
             )
         info = metadata.get("info")
         if not isinstance(info, dict):
-            info = {"task": obs["task_id"], "difficulty": obs["difficulty"]}
+            info = self.served.reset_info(obs) if self.served.reset_info else {}
         return obs, dict(info)
 
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
@@ -507,7 +509,7 @@ class RemoteEnv:
         if hasattr(action, "model_dump"):
             action = action.model_dump()
         if not isinstance(action, dict):
-            raise ValueError(f"action must be a dict or Action, got {type(action).__name__}")
+            raise ValueError(f"action must be a dict or a pydantic model, got {type(action).__name__}")
         try:
             obs, reward, done, metadata = self._t.step(action)
         except SessionLostError:
@@ -516,12 +518,17 @@ class RemoteEnv:
         self.last_metadata = metadata
         info = metadata.get("info")
         info = dict(info) if isinstance(info, dict) else {}
-        if "reward_breakdown" not in info and "reward_breakdown" in metadata:
-            info["reward_breakdown"] = metadata["reward_breakdown"]
+        for key in self.served.metadata_keys:  # a server that sends them only at the top of the metadata
+            if key not in info and key in metadata:
+                info[key] = metadata[key]
         if done:
             self._active, self._done = False, True
-        action_type = action.get("action_type")
-        terminated, truncated = split_done(obs, done, action_type)
+        if "terminated" in metadata and "truncated" in metadata:
+            terminated, truncated = bool(metadata["terminated"]), bool(metadata["truncated"])
+        elif self.served.split_done is not None:
+            terminated, truncated = self.served.split_done(obs, done, action)
+        else:
+            terminated, truncated = done, False
         return obs, reward, terminated, truncated, info
 
     def state(self) -> dict[str, Any]:
@@ -562,4 +569,4 @@ class RemoteEnv:
         self.close()
 
     def __repr__(self) -> str:
-        return f"RemoteEnv({self.url!r}, task={self.task!r}, transport={self.transport!r})"
+        return f"RemoteEnv({self.url!r}, task={self.task!r}, transport={self.transport!r}, env={self.served.name!r})"

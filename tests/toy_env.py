@@ -134,3 +134,66 @@ class ToyInterface:
 
 
 TOY = ToyInterface()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Serving: the walk as env.server serves it (``recruit-trl serve --env tests.toy_env:served_toy``)
+
+
+class ServedWalk(Walk):
+    """:class:`Walk` with the ``state()`` document of ``GET /state``."""
+
+    def state(self) -> dict[str, Any]:
+        return {"task": self.task, "day": self.day, "position": self.position, "target": self.target}
+
+
+def parse_served_action(payload: Any) -> dict[str, Any]:
+    """A step payload as a walk action: exactly ``{"kind": one of KINDS}``, else an ``ActionError`` naming the field
+    (a 422 from the server)."""
+    from env.server.served import ActionError
+
+    if not isinstance(payload, dict):
+        raise ActionError(
+            [{"type": "dict_type", "loc": [], "msg": "Input should be a valid dictionary", "input": payload}]
+        )
+    errors = [
+        {"type": "extra_forbidden", "loc": [key], "msg": "Extra inputs are not permitted", "input": payload[key]}
+        for key in payload
+        if key != "kind"
+    ]
+    if "kind" not in payload:
+        errors.insert(0, {"type": "missing", "loc": ["kind"], "msg": "Field required", "input": payload})
+    elif payload["kind"] not in KINDS:
+        msg = "Input should be " + ", ".join(repr(kind) for kind in KINDS)
+        errors.insert(0, {"type": "literal_error", "loc": ["kind"], "msg": msg, "input": payload["kind"]})
+    if errors:
+        raise ActionError(errors)
+    return {"kind": payload["kind"]}
+
+
+def served_toy():
+    """The walk's :class:`env.server.served.ServedEnv`: no ``split_done`` (the server reports ``terminated`` and
+    ``truncated``) and no field list (the observation is the whole reply)."""
+    from env.server.served import ServedEnv
+
+    integer, text = {"type": "integer"}, {"type": "string"}
+    walk = {"task": text, "day": integer, "position": integer, "target": integer}
+    state = {**walk, "episode_id": {"anyOf": [text, {"type": "null"}]}, "step_count": integer}
+    return ServedEnv(
+        name="toy",
+        app_name="toy-walk",
+        title="Toy walk",
+        description="A walk on a number line: reach the target and stop there.",
+        make_env=ServedWalk,
+        tasks={task: {"target": target, "days": DAYS} for task, target in TARGETS.items()},
+        default_task="near",
+        parse_action=parse_served_action,
+        action_schema={
+            "type": "object",
+            "properties": {"kind": {"enum": list(KINDS)}},
+            "required": ["kind"],
+            "additionalProperties": False,
+        },
+        observation_schema={"type": "object", "properties": {**walk, "days": integer}, "required": [*walk, "days"]},
+        state_schema={"type": "object", "properties": state, "required": list(state)},
+    )

@@ -1,15 +1,20 @@
-"""HTTP + WebSocket server for the clinical recruitment environment (FastAPI + uvicorn).
+"""HTTP + WebSocket server for any registered environment (FastAPI + uvicorn); the clinical one by default.
 
-Run: ``python -m env.server --host 127.0.0.1 --port 8000`` (or ``recruit-trl serve``). ``create_app(settings)``
-builds the ASGI app for embedding or tests.
+Run: ``python -m env.server --host 127.0.0.1 --port 8000 [--env NAME]`` (or ``recruit-trl serve``).
+``create_app(settings, served)`` builds the ASGI app for embedding or tests. An environment is served through its
+:class:`~env.server.served.ServedEnv` (``--env`` takes a name of the ``recruit_trl.served_envs`` entry points or
+``package.module:attribute``; see :mod:`env.server.served`), which supplies the tasks, the action parser and the
+documents; routes, sessions, limits and errors are the same for every environment.
 
-Contract (the reference's routes and shapes, so its clients work unchanged; spec section 13):
+Contract (the reference's routes and shapes, so its clients work unchanged; spec section 13). Shown for the clinical
+environment; another environment has its own names, tasks, fields and schemas, and its step ``metadata`` carries
+``terminated`` and ``truncated`` (the clinical replies keep the reference's shape, from which clients derive them):
 
 * ``GET /`` -> ``{name, version, status, tasks, active_sessions, max_sessions, web_interface_enabled: false,
   web_interface_path: null, web_interface_error: null}`` plus our additions ``seed_supported: true``,
   ``server: "recruit_trl"``, ``websocket_path: "/ws"`` (clients use them to recognise this server) and
   ``max_sessions_per_client``.
-* ``GET /health`` -> ``{"status": "healthy"}``; ``GET /tasks`` -> the 3 public tasks.
+* ``GET /health`` -> ``{"status": "healthy"}``; ``GET /tasks`` -> the 3 public tasks (``ServedEnv.tasks``).
 * ``POST /reset?task_id=...&seed=...`` (or a JSON body ``{"task_id", "seed", "episode_id"}``; query parameters
   win) -> the flat observation (every observation field at the top level) plus ``done: false``, ``reward: 0.0``
   and ``metadata: {info: {task, difficulty}, seed, episode_id}``. Sets the cookie
@@ -68,71 +73,47 @@ rejected with 422 instead of a 500, ``DELETE /session``.
 Modules: :mod:`~env.server.codec` (JSON encoding and strict parsing), :mod:`~env.server.settings`
 (:class:`ServerSettings`), :mod:`~env.server.sessions` (the session store), :mod:`~env.server.protocol` (names,
 errors and request validation), :mod:`~env.server.episodes` (reset/step/state on a session),
-:mod:`~env.server.schemas` (the static documents), :mod:`~env.server.access` (Host/Origin/token and body-size
+:mod:`~env.server.schemas` (the static documents), :mod:`~env.server.served` (:class:`ServedEnv`, the
+environments by name), :mod:`~env.server.access` (Host/Origin/token and body-size
 middleware), :mod:`~env.server.app` (:func:`create_app`, the HTTP routes), :mod:`~env.server.ws` (``/ws``) and
 :mod:`~env.server.cli` (:func:`main`).
+
+The names below are imported on first use, so that :mod:`env.server.served` (which environments build their
+descriptor with) and the client need neither FastAPI nor uvicorn.
 """
 
-from env.server.access import AccessGuard, BodyLimitMiddleware
-from env.server.app import StepFastPath, create_app, step_reply
-from env.server.cli import build_arg_parser, main, ws_transport_limit
-from env.server.codec import dumps, dumps_text, find_lone_surrogate, loads
-from env.server.episodes import do_reset, do_step, state_payload
-from env.server.protocol import (
-    APP_NAME,
-    COOKIE_NAME,
-    ECHO_DEPTH,
-    INT64_LIMIT,
-    NO_SESSION,
-    SEED_LIMIT,
-    SESSION_LOST,
-    ApiError,
-    check_action,
-    check_episode_id,
-    check_seed,
-    check_surrogates,
-    check_task,
-    parse_json_body,
-)
-from env.server.schemas import observation_schema, state_schema
-from env.server.sessions import REPLAY_WINDOW, Session, SessionLimitError, SessionStore
-from env.server.settings import ServerSettings
+from __future__ import annotations
 
-__all__ = [
-    "APP_NAME",
-    "COOKIE_NAME",
-    "ECHO_DEPTH",
-    "INT64_LIMIT",
-    "NO_SESSION",
-    "REPLAY_WINDOW",
-    "SEED_LIMIT",
-    "SESSION_LOST",
-    "AccessGuard",
-    "ApiError",
-    "BodyLimitMiddleware",
-    "ServerSettings",
-    "Session",
-    "SessionLimitError",
-    "SessionStore",
-    "StepFastPath",
-    "build_arg_parser",
-    "check_action",
-    "check_episode_id",
-    "check_seed",
-    "check_surrogates",
-    "check_task",
-    "create_app",
-    "do_reset",
-    "do_step",
-    "dumps",
-    "dumps_text",
-    "find_lone_surrogate",
-    "loads",
-    "main",
-    "observation_schema",
-    "parse_json_body",
-    "state_payload",
-    "state_schema",
-    "step_reply",
-    "ws_transport_limit",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "env.server.access": ("AccessGuard", "BodyLimitMiddleware"),
+    "env.server.app": ("StepFastPath", "create_app", "step_reply"),
+    "env.server.cli": ("build_arg_parser", "main", "ws_transport_limit"),
+    "env.server.codec": ("dumps", "dumps_text", "find_lone_surrogate", "loads"),
+    "env.server.episodes": ("do_reset", "do_step", "state_payload"),
+    "env.server.protocol": (
+        "COOKIE_NAME", "ECHO_DEPTH", "INT64_LIMIT", "NO_SESSION", "SEED_LIMIT", "SESSION_LOST", "ApiError",
+        "check_action", "check_episode_id", "check_seed", "check_surrogates", "check_task", "parse_json_body",
+    ),
+    "env.server.served": ("ActionError", "ServedEnv", "find_served"),
+    "env.server.sessions": ("REPLAY_WINDOW", "Session", "SessionLimitError", "SessionStore"),
+    "env.server.settings": ("ServerSettings",),
+}  # fmt: skip
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'env.server' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})

@@ -1,5 +1,5 @@
 """The FastAPI app: :func:`create_app` with the reference-compatible HTTP routes, ``/ws`` and the ``POST /step``
-fast path.
+fast path, for any served environment (:class:`~env.server.served.ServedEnv`; the clinical one by default).
 
 The routes, their replies and errors are described in :mod:`env.server`; the request checks live in
 :mod:`env.server.protocol`, the episode operations in :mod:`env.server.episodes` and the WebSocket protocol in
@@ -19,13 +19,10 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import Response
 from starlette.requests import cookie_parser
 
-from env.clinical.models import Action
-from env.clinical.tasks import PUBLIC_TASK_IDS
 from env.server.access import AccessGuard, BodyLimitMiddleware
 from env.server.codec import dumps
 from env.server.episodes import do_reset, do_step, state_payload
 from env.server.protocol import (
-    APP_NAME,
     COOKIE_NAME,
     NO_SESSION,
     SESSION_LOST,
@@ -36,6 +33,7 @@ from env.server.protocol import (
     parse_json_body,
 )
 from env.server.schemas import metadata_document, schema_document, tasks_document
+from env.server.served import DEFAULT_ENV, ServedEnv, find_served
 from env.server.sessions import Session, SessionLimitError, SessionStore, client_address
 from env.server.settings import ServerSettings
 from env.server.ws import serve_websocket
@@ -81,7 +79,12 @@ def _cookie_header(sid: str | None, secure: bool) -> str:
 
 
 async def step_reply(
-    store: SessionStore, settings: ServerSettings, sid: str | None, body: bytes, content_type: str | None
+    served: ServedEnv,
+    store: SessionStore,
+    settings: ServerSettings,
+    sid: str | None,
+    body: bytes,
+    content_type: str | None,
 ) -> tuple[int, bytes, dict[str, str]]:
     """``POST /step`` for the session ``sid``: returns (status, JSON body, extra headers). Used by the route and by
     :class:`StepFastPath`."""
@@ -98,7 +101,7 @@ async def step_reply(
             if store.get(sid) is not session:  # deleted while we waited for the lock
                 raise ApiError(400, SESSION_LOST)
             try:
-                obs, reward, done, meta = do_step(session, payload, settings.rate_limit)
+                obs, reward, done, meta = do_step(served, session, payload, settings.rate_limit)
             except ApiError:
                 raise
             except Exception:
@@ -120,8 +123,9 @@ class StepFastPath:
     route), skipping routing, dependency resolution and the Request/Response objects: the hot path of RL rollouts.
     Sits inside :class:`BodyLimitMiddleware` (and CORS when enabled)."""
 
-    def __init__(self, app: Any, store: SessionStore, settings: ServerSettings) -> None:
+    def __init__(self, app: Any, served: ServedEnv, store: SessionStore, settings: ServerSettings) -> None:
         self.app = app
+        self.served = served
         self.store = store
         self.settings = settings
 
@@ -146,7 +150,7 @@ class StepFastPath:
             more = message.get("more_body", False)
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         sid = cookie_parser("; ".join(cookies)).get(COOKIE_NAME) if cookies else None
-        status, payload, extra = await step_reply(self.store, self.settings, sid, body, content_type)
+        status, payload, extra = await step_reply(self.served, self.store, self.settings, sid, body, content_type)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
         headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
         await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -157,9 +161,16 @@ def _set_cookie(response: Response, sid: str | None, secure: bool) -> None:
     response.headers.append("set-cookie", _cookie_header(sid, secure))
 
 
-def create_app(settings: ServerSettings | None = None) -> FastAPI:
-    """Build the FastAPI app. Each app has its own session store (``app.state.sessions``)."""
+def create_app(settings: ServerSettings | None = None, served: ServedEnv | str = DEFAULT_ENV) -> FastAPI:
+    """Build the FastAPI app serving ``served`` (a :class:`ServedEnv` or a name for
+    :func:`~env.server.served.find_served`; default the clinical environment). Each app has its own session store
+    (``app.state.sessions``); ``app.state.served`` is the environment.
+
+    Raises:
+        ValueError: ``served`` names no environment.
+    """
     settings = settings or ServerSettings()
+    served = find_served(served)
     store = SessionStore(settings.max_sessions, settings.session_ttl, max_per_client=settings.max_sessions_per_client)
     version = _version()
     secure = settings.cookie_secure
@@ -182,18 +193,19 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                 await task
 
     app = FastAPI(
-        title="Adaptive Clinical Trial Recruitment",
+        title=served.title,
         version=version,
-        description="Reference-compatible HTTP API and OpenEnv WebSocket protocol for the clinical recruitment env.",
+        description=served.api_description or f"HTTP API and OpenEnv WebSocket protocol for {served.app_name}.",
         lifespan=lifespan,
         **_fastapi_kwargs(),
     )
     app.state.settings = settings
     app.state.sessions = store
+    app.state.served = served
     # add_middleware wraps: the last one added is the outermost. CORS must also cover the /step fast path and the
     # guard's refusals (so a page can read them), and answers preflights, which carry no token, itself.
     if settings.step_fast_path:
-        app.add_middleware(StepFastPath, store=store, settings=settings)
+        app.add_middleware(StepFastPath, served=served, store=store, settings=settings)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(AccessGuard, settings=settings)
     if settings.cors_origins:
@@ -208,10 +220,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             allow_headers=["*"],
         )
 
-    action_schema = Action.model_json_schema()
-    schema_payload = dumps(schema_document(action_schema))
-    tasks_payload = dumps(tasks_document())
-    metadata_payload = dumps(metadata_document(version))
+    action_schema = dict(served.action_schema)
+    schema_payload = dumps(schema_document(served))
+    tasks_payload = dumps(tasks_document(served))
+    metadata_payload = dumps(metadata_document(served, version))
+    task_ids = list(served.tasks)
 
     def _session_or_error(request: Request) -> Session:
         sid = request.cookies.get(COOKIE_NAME)
@@ -226,10 +239,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     async def root() -> Response:
         return _json_response(
             {
-                "name": APP_NAME,
+                "name": served.app_name,
                 "version": version,
                 "status": "running",
-                "tasks": list(PUBLIC_TASK_IDS),
+                "tasks": task_ids,
                 "active_sessions": len(store),
                 "max_sessions": settings.max_sessions,
                 "max_sessions_per_client": settings.max_sessions_per_client,
@@ -271,7 +284,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                 if seed is None:
                     seed = check_seed(body.get("seed"), ("body", "seed"))
                 episode_id = check_episode_id(body.get("episode_id"), ("body", "episode_id"))
-            task = check_task(task_id)  # before touching any session: an unknown task keeps the old one alive
+            task = check_task(served, task_id)  # before touching any session: an unknown task keeps the old one alive
             old_sid = request.cookies.get(COOKIE_NAME)
             old = store.get(old_sid) if old_sid else None
             if old is not None:  # replace the caller's session (a new id, like the reference)
@@ -284,7 +297,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             return _json_response({"detail": str(exc)}, 503, {"Retry-After": "1"})
         try:
             async with session.lock:
-                obs, meta = do_reset(session, task, seed, episode_id)
+                obs, meta = do_reset(served, session, task, seed, episode_id)
             obs["done"] = False
             obs["reward"] = 0.0
             obs["metadata"] = meta
@@ -302,7 +315,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         """Apply one action (the flat action JSON) to the caller's episode."""
         sid = request.cookies.get(COOKIE_NAME)
         body = await request.body()
-        status, payload, headers = await step_reply(store, settings, sid, body, request.headers.get("content-type"))
+        content_type = request.headers.get("content-type")
+        status, payload, headers = await step_reply(served, store, settings, sid, body, content_type)
         return Response(payload, status_code=status, headers=headers, media_type="application/json")
 
     @app.get("/state")
@@ -311,7 +325,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         try:
             session = _session_or_error(request)
             async with session.lock:
-                return _json_response(state_payload(session))
+                return _json_response(state_payload(served, session))
         except ApiError as exc:
             return _error_response(exc)
 
@@ -329,6 +343,6 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     @app.websocket("/ws")
     async def ws(websocket: WebSocket) -> None:
-        await serve_websocket(websocket, store, settings)
+        await serve_websocket(websocket, served, store, settings)
 
     return app

@@ -9,6 +9,7 @@ import sys
 
 from env.client import TOKEN_ENV, is_loopback
 from env.server.app import create_app
+from env.server.served import DEFAULT_ENV, ENTRY_POINT_GROUP, find_served
 from env.server.settings import ServerSettings
 
 
@@ -17,7 +18,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
     d = ServerSettings()
     p = argparse.ArgumentParser(
         prog="python -m env.server",
-        description="Serve the clinical recruitment environment over HTTP (reference routes) and WebSocket (/ws).",
+        description="Serve an environment over HTTP (the reference's routes) and WebSocket (/ws).",
+    )
+    p.add_argument(
+        "--env",
+        default=DEFAULT_ENV,
+        help=f"environment to serve: a name of the {ENTRY_POINT_GROUP} entry points or package.module:attribute "
+        f"(default {DEFAULT_ENV})",
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others need a token)")
     p.add_argument("--port", type=int, default=8000)
@@ -89,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             allowed_hosts=(args.host, *_csv(args.allowed_hosts)),
             token=token,
         )
+        served = find_served(args.env)
     except ValueError as exc:
         parser.error(str(exc))
     if not is_loopback(args.host):
@@ -100,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: binding {args.host}: plain HTTP, the token crosses the network in clear", file=sys.stderr)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:%(name)s: %(message)s")
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, served),
         host=args.host,
         port=args.port,
         log_level=args.log_level,

@@ -10,13 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import ValidationError
-
-from env.clinical.models import Action, validate_action
-from env.clinical.tasks import get_task
 from env.server.codec import find_lone_surrogate, loads, printable
+from env.server.served import ActionError, ServedEnv
 
-APP_NAME = "adaptive-clinical-recruitment"
 COOKIE_NAME = "acr_session_id"
 NO_SESSION = "No active session. Call /reset first."
 SESSION_LOST = "Session expired or missing. Call /reset first."
@@ -48,18 +44,6 @@ class ApiError(Exception):
         return "; ".join(parts)
 
 
-def _validation_errors(exc: ValidationError, prefix: tuple = ("body",)) -> list[dict[str, Any]]:
-    out = []
-    for err in exc.errors(include_url=False):
-        item = {"type": err["type"], "loc": [*prefix, *err["loc"]], "msg": err["msg"], "input": err.get("input")}
-        if "ctx" in err:
-            item["ctx"] = {
-                k: v if isinstance(v, int | float | str | bool | None) else str(v) for k, v in err["ctx"].items()
-            }
-        out.append(_jsonable(item))
-    return out
-
-
 ECHO_DEPTH = 16  # echoed inputs are cut below this depth: deeper ones would overflow the recursion of the encoders
 
 
@@ -83,29 +67,29 @@ def _jsonable(value: Any, depth: int = 0) -> Any:
 INT64_LIMIT = 2**63
 
 
-def check_action(payload: Any) -> dict[str, Any]:
-    """Validate an action payload; raise ApiError(422) with FastAPI's ``detail`` list on a schema violation."""
-    action = None
-    if isinstance(payload, dict):
-        try:
-            action = validate_action(payload)
-        except (ValueError, OverflowError):  # OverflowError: an integer confidence too large for a float
-            pass
-    if action is None:
-        try:
-            action = Action.model_validate(payload, from_attributes=True).model_dump()
-        except ValidationError as exc:
-            raise ApiError(422, _validation_errors(exc), "VALIDATION_ERROR") from None
-    return action
+def check_action(served: ServedEnv, payload: Any) -> dict[str, Any]:
+    """The action of a step payload (``served.parse_action``); raise ApiError(422) with FastAPI's ``detail`` list
+    (each ``loc`` under ``"body"``) on a schema violation."""
+    try:
+        return served.parse_action(payload)
+    except ActionError as exc:
+        detail = [_jsonable({**err, "loc": ["body", *err["loc"]]}) for err in exc.errors]
+        raise ApiError(422, detail, "VALIDATION_ERROR") from None
 
 
-def check_task(task_id: Any, loc: tuple = ("body", "task_id")) -> str:
-    """The task id (``None`` -> ``easy_bench``; stage ids accepted); 400 with the env's message if unknown, 422 if
-    not a string."""
+def check_task(served: ServedEnv, task_id: Any, loc: tuple = ("body", "task_id")) -> str:
+    """The canonical task id: ``None`` -> ``served.default_task``, an id of ``served.tasks`` as it is, any other
+    through ``served.resolve_task``; 400 with the message ``Unknown task: ...`` if unknown, 422 if not a string."""
     if task_id is not None and not isinstance(task_id, str):
         raise ApiError(422, [_string_type_error(task_id, loc)], "VALIDATION_ERROR")
+    if task_id is None:
+        return served.default_task
+    if task_id in served.tasks:
+        return task_id
+    if served.resolve_task is None:
+        raise ApiError(400, f"Unknown task: {task_id}. Available: {list(served.tasks)}", "VALIDATION_ERROR")
     try:
-        return get_task(task_id).task_id
+        return served.resolve_task(task_id)
     except ValueError as exc:
         raise ApiError(400, str(exc), "VALIDATION_ERROR") from None
 

@@ -12,8 +12,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-
-from env.clinical.core import ClinicalRecruitmentEnv
+from typing import Any
 
 REPLAY_WINDOW = 5  # identical actions in a row that earn a replay warning
 
@@ -25,22 +24,30 @@ class SessionLimitError(Exception):
 class Session:
     """One client's episode: its own env, lock, replay window and (optional) rate-limit window."""
 
-    __slots__ = ("sid", "kind", "client", "env", "lock", "last_used", "episode_id", "recent", "stamps", "closer")
+    __slots__ = (
+        "sid", "kind", "client", "env", "task", "lock", "last_used", "episode_id", "done", "steps", "recent", "stamps",
+        "closer",
+    )  # fmt: skip
 
     def __init__(self, sid: str, kind: str, now: float, client: str = "") -> None:
         self.sid = sid
         self.kind = kind  # "http" or "ws"
         self.client = client  # the remote address, for the per-client cap
-        self.env: ClinicalRecruitmentEnv | None = None
+        self.env: Any = None  # built by the served environment's make_env on the first reset
+        self.task: str | None = None  # the task ``env`` was built for
         self.lock = asyncio.Lock()
         self.last_used = now
-        self.episode_id: str | None = None
+        self.episode_id: str | None = None  # None until the first reset: no episode yet
+        self.done = False  # the episode has ended
+        self.steps = 0  # steps applied in the episode
         self.recent: deque[tuple] = deque(maxlen=REPLAY_WINDOW)
         self.stamps: deque[float] = deque()
         self.closer: Callable[[], None] | None = None  # WebSocket: close the connection on expiry
 
     def new_episode(self, episode_id: str | None) -> None:
         self.episode_id = episode_id or str(uuid.uuid4())
+        self.done = False
+        self.steps = 0
         self.recent.clear()
         self.stamps.clear()
 

@@ -17,13 +17,16 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from env.server.codec import dumps_text, loads
 from env.server.episodes import do_reset, do_step, state_payload
 from env.server.protocol import ApiError, check_episode_id, check_seed, check_surrogates, check_task
+from env.server.served import ServedEnv
 from env.server.sessions import Session, SessionLimitError, SessionStore, client_address
 from env.server.settings import ServerSettings
 
 logger = logging.getLogger("env.server")
 
 
-async def serve_websocket(websocket: WebSocket, store: SessionStore, settings: ServerSettings) -> None:
+async def serve_websocket(
+    websocket: WebSocket, served: ServedEnv, store: SessionStore, settings: ServerSettings
+) -> None:
     """``WS /ws``: one session for the life of the connection (closed with 1001 when it expires), or
     ``CAPACITY_REACHED`` and close 1013 when no session slot is free."""
     await websocket.accept()
@@ -41,7 +44,7 @@ async def serve_websocket(websocket: WebSocket, store: SessionStore, settings: S
 
     session.closer = expire
     try:
-        await _ws_loop(websocket, session, store, settings)
+        await _ws_loop(websocket, served, session, store, settings)
     except WebSocketDisconnect:
         pass
     finally:
@@ -60,7 +63,9 @@ async def _quiet_close(websocket: WebSocket, code: int) -> None:
         await websocket.close(code=code)
 
 
-async def _ws_loop(websocket: WebSocket, session: Session, store: SessionStore, settings: ServerSettings) -> None:
+async def _ws_loop(
+    websocket: WebSocket, served: ServedEnv, session: Session, store: SessionStore, settings: ServerSettings
+) -> None:
     limit = settings.max_body_bytes
     rate_limit = settings.rate_limit
     send = websocket.send_text
@@ -89,7 +94,7 @@ async def _ws_loop(websocket: WebSocket, session: Session, store: SessionStore, 
             check_surrogates(msg, raw, ())
             if kind == "step":
                 async with session.lock:
-                    obs, reward, done, meta = do_step(session, data if data is not None else {}, rate_limit)
+                    obs, reward, done, meta = do_step(served, session, data if data is not None else {}, rate_limit)
                 reply = {
                     "type": "observation",
                     "data": {"observation": obs, "reward": reward, "done": done, "metadata": meta},
@@ -103,18 +108,18 @@ async def _ws_loop(websocket: WebSocket, session: Session, store: SessionStore, 
                         f"Reset data must be a JSON object (task_id, seed, episode_id), got {type(data).__name__}.",
                         "VALIDATION_ERROR",
                     )
-                task = check_task(data.get("task_id", data.get("task")), ("data", "task_id"))
+                task = check_task(served, data.get("task_id", data.get("task")), ("data", "task_id"))
                 seed = check_seed(data.get("seed"), ("data", "seed"))
                 episode_id = check_episode_id(data.get("episode_id"), ("data", "episode_id"))
                 async with session.lock:
-                    obs, meta = do_reset(session, task, seed, episode_id)
+                    obs, meta = do_reset(served, session, task, seed, episode_id)
                 reply = {
                     "type": "observation",
                     "data": {"observation": obs, "reward": 0.0, "done": False, "metadata": meta},
                 }
             elif kind == "state":
                 async with session.lock:
-                    reply = {"type": "state", "data": state_payload(session)}
+                    reply = {"type": "state", "data": state_payload(served, session)}
             elif kind == "close":
                 await websocket.close(code=1000)
                 return
