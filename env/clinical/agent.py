@@ -36,8 +36,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from env.clinical.core import ClinicalRecruitmentEnv
-from env.clinical.expert import p_allocate, target_site
 from env.clinical.graders import BUDGET_RESERVE
+from env.clinical.heuristic import MEMORY_KEY, consent_expiry, p_allocate, target_site
 from env.clinical.models import ACTION_TYPES, validate_action
 from env.clinical.policies import get_policy, register_policy
 from env.clinical.tasks import ALL_TASKS, PUBLIC_TASK_IDS, TASKS, get_task
@@ -51,7 +51,6 @@ PASSIVE_TYPES = frozenset({"plan_next_phase", "summarize_and_index", "retrieve_r
 # is a small drop in uncertainty), the expert never uses it on any task, and students picked it by slips of the index.
 STRATEGIES = ("increase_outreach", "relax_criteria")
 # One memory entry, keyed "site": its default payload snapshots the best site, and recalling "site" finds it.
-MEMORY_KEY = "site"
 STOP_WINDOW = 20  # days before the deadline from which stop_recruitment is listed
 MAX_LISTED = 3  # patients listed per action kind (the observation shows up to 5): keeps prompts under ~400 tokens
 REWARD_FIELDS = (
@@ -285,7 +284,7 @@ class ClinicalInterface:
         sites = obs["site_performance"]
         open_sites = [sid for sid, p in sites.items() if p["capacity_remaining"] > 0]
         out: list[dict[str, Any]] = []
-        allocatable = [p for p in obs["allocation_candidates"] if _expiry(p) > t]
+        allocatable = [p for p in obs["allocation_candidates"] if consent_expiry(p) > t]
         if open_sites and allocatable and budget >= task.enrollment_cost:
             # The first patient may go to any open site (best success chance first); the others to their best.
             first = allocatable[0]
@@ -380,12 +379,6 @@ class ClinicalInterface:
 
     def final_score(self, info: Mapping[str, Any]) -> float | None:
         return info.get("final_score")
-
-
-def _expiry(patient: Mapping[str, Any]) -> float:
-    """The step at whose start the patient's consent lapses (its follow-up day), or infinity."""
-    due = patient.get("followup_due_day")
-    return float("inf") if due is None else due
 
 
 def _thousands(x: float) -> str:
