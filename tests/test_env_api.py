@@ -137,6 +137,34 @@ def test_episode_end_flags_and_errors():
     assert "final_score" in info
 
 
+def _scribble(value):
+    """Empty every container nested in ``value``, as a careless caller might."""
+    if isinstance(value, dict):
+        for item in list(value.values()):
+            _scribble(item)
+        value.clear()
+    elif isinstance(value, list):
+        for item in value:
+            _scribble(item)
+        value.clear()
+
+
+@pytest.mark.parametrize("task", ["easy_bench", "hard_bench"])
+def test_changing_the_observation_does_not_change_the_episode(task):
+    """Observations and infos share no container with the environment (nor with each other): a caller that empties
+    every one of them after choosing its action sees exactly the episode of a caller that does not."""
+    _, clean = play(task, seed=4, n_steps=200, policy_seed=2)
+    env = ClinicalRecruitmentEnv(task)
+    obs, _ = env.reset(seed=4)
+    rng = random.Random(2)
+    for step in clean:
+        action = random_policy(obs, rng)
+        _scribble(obs)
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert (action, obs, reward, terminated, truncated, info) == step
+        _scribble(info)
+
+
 def test_step_before_reset_is_a_clear_error():
     with pytest.raises(RuntimeError, match="reset"):
         ClinicalRecruitmentEnv().step({"action_type": "stop_recruitment"})
