@@ -4,52 +4,7 @@
 names are re-exported here, so ``from env import ClinicalRecruitmentEnv, TASKS`` keeps working.
 """
 
-from env.clinical import (
-    ACTION_TYPES,
-    ALL_TASKS,
-    FEATURE_NAMES,
-    HYPOTHESES,
-    PLAN_PHASES,
-    POLICIES,
-    PUBLIC_TASK_IDS,
-    STATE_DIM,
-    TASKS,
-    Action,
-    ClinicalRecruitmentEnv,
-    EnvSnapshot,
-    TaskSpec,
-    features,
-    get_policy,
-    get_task,
-    heuristic_policy,
-    random_policy,
-    register_policy,
-    run_episode,
-    validate_action,
-    world_fingerprint,
-)
+from env import clinical
+from env.clinical import *  # noqa: F403  (the clinical environment's public names)
 
-__all__ = [
-    "ACTION_TYPES",
-    "ALL_TASKS",
-    "FEATURE_NAMES",
-    "HYPOTHESES",
-    "PLAN_PHASES",
-    "POLICIES",
-    "PUBLIC_TASK_IDS",
-    "STATE_DIM",
-    "TASKS",
-    "Action",
-    "ClinicalRecruitmentEnv",
-    "EnvSnapshot",
-    "TaskSpec",
-    "features",
-    "get_policy",
-    "get_task",
-    "heuristic_policy",
-    "random_policy",
-    "register_policy",
-    "run_episode",
-    "validate_action",
-    "world_fingerprint",
-]
+__all__ = list(clinical.__all__)

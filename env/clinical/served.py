@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from env.clinical.core import ClinicalRecruitmentEnv
 from env.clinical.models import Action, validate_action
+from env.clinical.observation import OBSERVATION_FIELDS
 from env.clinical.tasks import TASKS, get_task
 from env.server.served import ActionError, ServedEnv, pydantic_errors
 
@@ -24,16 +25,6 @@ __all__ = ["APP_NAME", "CLINICAL", "OBSERVATION_FIELDS", "observation_schema", "
 APP_NAME = "adaptive-clinical-recruitment"
 README = Path(__file__).resolve().parents[2] / "README.md"
 STOP_ACTION = "stop_recruitment"
-OBSERVATION_FIELDS: tuple[str, ...] = (
-    "timestamp", "budget_remaining", "time_to_deadline_days", "enrolled_so_far", "target_enrollment", "task_id",
-    "max_steps", "initial_budget", "current_funnel", "available_patients", "recontact_candidates",
-    "allocation_candidates", "site_performance", "recent_events", "uncertainty_level", "difficulty",
-    "dropout_rate_7d", "screening_backlog", "causal_insight", "hypothesis_accuracy", "world_type", "milestones",
-    "active_constraints", "delayed_effects_pending", "uncertainty_components", "patient_memory_summary",
-    "counterfactual_hint", "current_plan", "indexed_memory_summary", "retrieved_memory_context",
-    "milestone_potential", "active_milestone", "hindsight_available", "token_budget_remaining",
-    "token_usage_so_far", "token_efficiency_score", "counterfactual_rollout",
-)  # fmt: skip
 
 
 def parse_action(payload: Any) -> dict[str, Any]:
