@@ -4,9 +4,10 @@ What is built
     :func:`build_tiny_model` trains the tokenizer (:func:`recruit_trl.tokenizer.build_tokenizer`) on the corpus,
     builds a randomly initialised ``Qwen3ForCausalLM`` (default: hidden 128, 2 layers, 4 heads / 2 KV heads, tied
     embeddings) on it and *warms* it with a short full-parameter pre-training on the corpus (rows of
-    ``{"messages": [...], "completion": str}``). The loss is the language-model loss over every token (the model
-    learns the prompt format) plus ``completion_weight`` times the mean loss over the completion tokens and the
-    closing ``<|im_end|>`` (it learns to answer, and to stop). The result is a normal Hugging Face folder that
+    ``{"messages": [...], "completion": str}``) with transformers' ``Trainer`` (:mod:`recruit_trl.tiny_pretrain`).
+    The loss is the language-model loss over every token (the model learns the prompt format) plus
+    ``completion_weight`` times the mean loss over the completion tokens and the closing ``<|im_end|>`` (it learns
+    to answer, and to stop). The result is a normal Hugging Face folder that
     ``AutoModelForCausalLM.from_pretrained(folder)`` and ``AutoTokenizer.from_pretrained(folder)`` load offline.
 
 Why warming is needed
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import random
 import time
@@ -114,6 +114,8 @@ def build_tiny_model(
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
+    from recruit_trl.tiny_pretrain import pretrain
+
     t_start = time.perf_counter()
     build_config = {
         "hidden_size": hidden_size,
@@ -178,7 +180,7 @@ def build_tiny_model(
         )
         model = Qwen3ForCausalLM(config)
         model.float()
-        stats = _pretrain(
+        stats = pretrain(
             model,
             samples,
             pad_id=tokenizer.pad_token_id,
@@ -239,124 +241,6 @@ def build_tiny_model(
     }
     write_json_atomic(output_dir / METADATA_FILE, meta)
     return output_dir
-
-
-def _pretrain(
-    model,
-    samples: list[tuple[list[int], list[int]]],
-    *,
-    pad_id: int,
-    epochs: float,
-    max_steps: int | None,
-    max_train_tokens: int | None,
-    lr: float,
-    batch_size: int,
-    completion_weight: float,
-    warmup_ratio: float,
-    weight_decay: float,
-    seed: int,
-    progress: bool,
-) -> dict[str, Any]:
-    import torch
-    import torch.nn.functional as F
-
-    rng = random.Random(seed)
-    lengths = [len(p) + len(c) for p, c in samples]
-    steps_per_epoch = math.ceil(len(samples) / batch_size)
-    if max_steps is not None:
-        total = max_steps
-    else:
-        total = max(1, round(epochs * steps_per_epoch))
-        if max_train_tokens:  # bounds the build time on a large corpus
-            total = min(total, max(1, math.ceil(max_train_tokens / (batch_size * sum(lengths) / len(lengths)))))
-    warmup = max(1, round(warmup_ratio * total))
-
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=lr,
-        betas=(0.9, 0.95),
-    )
-
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return lr * (step + 1) / warmup
-        t = (step - warmup) / max(1, total - warmup)
-        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
-
-    def epoch_stream() -> Iterator[list[int]]:
-        while True:
-            yield from length_bucketed_batches(lengths, batch_size, rng)
-
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total, desc="warming tiny model", unit="step", dynamic_ncols=True)
-    model.train()
-    history: list[tuple[float, float]] = []
-    tokens_seen = 0
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    stream = epoch_stream()
-    for step in range(total):
-        batch = next(stream)
-        width = max(lengths[i] for i in batch)
-        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        kind = torch.zeros((len(batch), width), dtype=torch.long)  # 0 pad, 1 prompt, 2 completion
-        for r, i in enumerate(batch):
-            p, c = samples[i]
-            ids[r, : len(p) + len(c)] = torch.tensor(p + c)
-            kind[r, : len(p)] = 1
-            kind[r, len(p) : len(p) + len(c)] = 2
-        # Right padding + causal attention: real tokens never see the padding, so no attention mask is needed.
-        logits = model(input_ids=ids, use_cache=False).logits[:, :-1]
-        target, target_kind = ids[:, 1:], kind[:, 1:]
-        tok_loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none")
-        tok_loss = tok_loss.view_as(target)
-        valid = (target_kind > 0).float()
-        comp = (target_kind == 2).float()
-        lm_loss = (tok_loss * valid).sum() / valid.sum()
-        comp_loss = (tok_loss * comp).sum() / comp.sum().clamp(min=1)
-        loss = lm_loss + completion_weight * comp_loss
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        tokens_seen += int(valid.sum().item()) + len(batch)
-        history.append((lm_loss.item(), comp_loss.item()))
-        if bar is not None:
-            bar.update(1)
-            if step % 10 == 0 or step == total - 1:
-                bar.set_postfix(lm=f"{history[-1][0]:.3f}", completion=f"{history[-1][1]:.3f}")
-    if bar is not None:
-        bar.close()
-    train_seconds = time.perf_counter() - t0
-    train_cpu_seconds = time.process_time() - cpu0
-
-    tail = history[-max(1, total // 10) :]
-    head = history[: max(1, min(10, total // 10))]
-    return {
-        "steps": total,
-        "epochs": round(total / steps_per_epoch, 3),
-        "tokens_seen": tokens_seen,
-        "tokens_per_second": round(tokens_seen / max(train_seconds, 1e-9)),
-        "initial_losses": {
-            "lm": round(sum(h[0] for h in head) / len(head), 4),
-            "completion": round(sum(h[1] for h in head) / len(head), 4),
-        },
-        # mean over the last 10% of the steps
-        "final_losses": {
-            "lm": round(sum(h[0] for h in tail) / len(tail), 4),
-            "completion": round(sum(h[1] for h in tail) / len(tail), 4),
-        },
-        "train_seconds": round(train_seconds, 2),
-        # CPU time of all threads: about num_threads x train_seconds on an idle machine, far less when contended
-        "train_cpu_seconds": round(train_cpu_seconds, 2),
-    }
 
 
 def _kwargs_hash(build_kwargs: dict, version_key: str) -> str:

@@ -4,6 +4,7 @@ SmolLM2 from its wheel and the loaders (recruit_trl.models). Nothing here touche
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from recruit_trl import build_cache, models, smollm2
 from recruit_trl.build_cache import METADATA_FILE, is_complete
+from recruit_trl.files import file_sha256
 from recruit_trl.models import resolve_model
 from recruit_trl.tiny_model import build_tiny_model, ensure_tiny_model
 from recruit_trl.tokenizer import build_tokenizer, render_row
@@ -172,6 +174,7 @@ def test_build_tiny_model_learns_the_answer_format(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(model).__name__ == "Qwen3ForCausalLM"
     assert model.generation_config.eos_token_id == tok.eos_token_id
+    assert model.config.use_cache  # the warm-up's Trainer does not leave its training setting in the config
     test_rows = synthetic_corpus(12, seed=1234)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -181,6 +184,26 @@ def test_build_tiny_model_learns_the_answer_format(tmp_path):
         torch.set_num_threads(threads)
     valid = sum(_valid_action(text, row["n_options"]) for text, row in zip(outputs, test_rows, strict=True))
     assert valid >= 10, f"{valid}/12 greedy completions are valid actions: {outputs}"
+
+
+def test_build_tiny_model_leaves_the_process_as_it_was(tmp_path, monkeypatch):
+    """The warm-up's Trainer runs alone, in fp32, on the CPU: a launcher's settings (here accelerate's mixed
+    precision) do not reach it, and accelerate's process-wide state and the global RNGs it seeds are left as they were
+    (a training job may build the tiny model on first use)."""
+    import numpy as np
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    rows = synthetic_corpus(40)
+    plain = build_tiny_model(tmp_path / "plain", rows, max_steps=2, **TINY)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    states = [dict(cls._shared_state) for cls in (PartialState, AcceleratorState, GradientState)]
+    random.seed(7)
+    np.random.seed(7)
+    launched = build_tiny_model(tmp_path / "launched", rows, max_steps=2, **TINY)
+    assert (random.random(), np.random.rand()) == (random.Random(7).random(), np.random.RandomState(7).rand())
+    assert [dict(cls._shared_state) for cls in (PartialState, AcceleratorState, GradientState)] == states
+    assert os.environ["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    assert file_sha256(launched / "model.safetensors") == file_sha256(plain / "model.safetensors")
 
 
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")  # TRL 1.16's own default
