@@ -62,8 +62,8 @@ COVERAGE = {
     r"python -m recruit_trl\.bench_rollout .*": "run",
     r"recruit-trl serve.*": "run",
     r"python -m env\.loadtest.*": "tests/test_server.py::test_loadtest_cli_smoke",
-    r"python -m env\.bench.*": "run",
-    r"python -m env\.golden .*": "tests/test_env_golden.py::test_golden_cli_reports_and_exits_zero",
+    r"python -m env(\.clinical)?\.bench.*": "run",
+    r"python -m env(\.clinical)?\.golden .*": "tests/test_env_golden.py::test_golden_cli_reports_and_exits_zero",
 }
 
 
