@@ -61,7 +61,8 @@ Sessions: isolated per client, idle expiry after ``session_ttl`` seconds (checke
 periodic reaper), at most ``max_sessions`` (WebSocket connections included) and ``max_sessions_per_client`` per
 remote address (default: half of ``max_sessions``), each with its own lock so that concurrent requests on one
 session are serialised. A WebSocket session lives as long as its connection (an idle one is closed after
-``session_ttl``). Seeds are integers with ``|seed| < 2**63``.
+``session_ttl``). Seeds are integers with ``|seed| < 2**63`` (and at least the environment's ``min_seed``,
+if it has one).
 
 Speed: environment steps run on the event loop (a step takes tens of microseconds, less than a thread hand-off);
 replies are serialised straight from the env's plain dicts (no pydantic models on the hot path; orjson if

@@ -276,13 +276,13 @@ def create_app(settings: ServerSettings | None = None, served: ServedEnv | str =
         """Start an episode. ``task_id`` / ``seed`` from the query, else from an optional JSON body."""
         try:
             episode_id = None
-            seed = check_seed(seed, ("query", "seed"))
+            seed = check_seed(seed, ("query", "seed"), served.min_seed)
             body = await _json_body(request)
             if isinstance(body, dict):
                 if task_id is None:
                     task_id = body.get("task_id")
                 if seed is None:
-                    seed = check_seed(body.get("seed"), ("body", "seed"))
+                    seed = check_seed(body.get("seed"), ("body", "seed"), served.min_seed)
                 episode_id = check_episode_id(body.get("episode_id"), ("body", "episode_id"))
             task = check_task(served, task_id)  # before touching any session: an unknown task keeps the old one alive
             old_sid = request.cookies.get(COOKIE_NAME)

@@ -112,8 +112,9 @@ def _string_type_error(value: Any, loc: tuple) -> dict[str, Any]:
 SEED_LIMIT = INT64_LIMIT
 
 
-def check_seed(seed: Any, loc: tuple) -> int | None:
-    """``None`` or an int with ``|seed| < 2**63``; 422 otherwise."""
+def check_seed(seed: Any, loc: tuple, minimum: int | None = None) -> int | None:
+    """``None`` or an int with ``|seed| < 2**63`` and, when ``minimum`` is given (the environment's
+    ``ServedEnv.min_seed``), ``seed >= minimum``; 422 otherwise."""
     if seed is None:
         return None
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -121,6 +122,10 @@ def check_seed(seed: Any, loc: tuple) -> int | None:
         raise ApiError(422, _jsonable(detail), "VALIDATION_ERROR")
     if not -SEED_LIMIT < seed < SEED_LIMIT:
         detail = [{"type": "int_range", "loc": list(loc), "msg": "Seed must be a 64-bit integer", "input": str(seed)}]
+        raise ApiError(422, detail, "VALIDATION_ERROR")
+    if minimum is not None and seed < minimum:
+        msg = f"Input should be greater than or equal to {minimum}"
+        detail = [{"type": "greater_than_equal", "loc": list(loc), "msg": msg, "input": seed, "ctx": {"ge": minimum}}]
         raise ApiError(422, detail, "VALIDATION_ERROR")
     return seed
 

@@ -112,6 +112,8 @@ class ServedEnv:
             ``reward`` and ``metadata``).
         reset_info: the reset ``info`` a client builds from the observation when the reply has no
             ``metadata.info``; ``None``: ``{}``.
+        min_seed: the smallest seed ``make_env``'s envs accept; a reset with a smaller one is refused with a 422
+            (``VALIDATION_ERROR``), like a seed outside 64 bits. ``None``: every 64-bit seed.
         readme: a file served as ``readme_content`` in ``GET /metadata`` (``None``: null).
         author: ``author`` in ``GET /metadata``.
         api_description: the OpenAPI description (default: one line naming ``app_name``).
@@ -134,6 +136,7 @@ class ServedEnv:
     split_done: Callable[[Mapping[str, Any], bool, Mapping[str, Any]], tuple[bool, bool]] | None = None
     observation_fields: tuple[str, ...] | None = None
     reset_info: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    min_seed: int | None = None
     readme: Path | None = None
     author: str = "recruit_trl"
     api_description: str = ""

@@ -109,7 +109,7 @@ async def _ws_loop(
                         "VALIDATION_ERROR",
                     )
                 task = check_task(served, data.get("task_id", data.get("task")), ("data", "task_id"))
-                seed = check_seed(data.get("seed"), ("data", "seed"))
+                seed = check_seed(data.get("seed"), ("data", "seed"), served.min_seed)
                 episode_id = check_episode_id(data.get("episode_id"), ("data", "episode_id"))
                 async with session.lock:
                     obs, meta = do_reset(served, session, task, seed, episode_id)
