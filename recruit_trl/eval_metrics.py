@@ -6,7 +6,8 @@ error), fallback rate, teacher match (the fraction of decisions equal to a named
 observation), the action-type distribution, and the interface's episode metrics: for each, ``<name>_mean`` (its
 value at the episode's end), and for its ``curve_metrics`` also ``<name>_at_mean`` (after the days of
 ``metric_days``), ``<name>_peak_mean`` and ``<name>_by_day_mean`` (the mean curve over the days); e.g. the clinical
-environment's ``enrolled_*`` and ``budget_left_mean``.
+environment's ``enrolled_*`` and ``budget_left_mean``. A 0/1 outcome among its ``rate_metrics`` gives ``<name>_rate``
+instead (conquest's ``win_rate``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CURVE_SUFFIXES", "FIXED_MEANS", "EpisodeLog", "aggregate", "curve_names", "metric_names"]
+__all__ = [
+    "CURVE_SUFFIXES",
+    "FIXED_MEANS",
+    "FIXED_RATES",
+    "EpisodeLog",
+    "aggregate",
+    "curve_names",
+    "metric_names",
+    "rate_names",
+]
 
 # Row fields named like an episode metric's mean (``<name>_mean``) that are not one; and what a curve metric adds.
 FIXED_MEANS = ("final_score_mean", "episode_length_mean", "score_terms_mean")
+FIXED_RATES = ("strict_json_rate", "valid_action_rate", "fallback_rate", "own_answer_valid_rate")
 CURVE_SUFFIXES = ("_at_mean", "_peak_mean", "_by_day_mean")
 
 
@@ -51,6 +62,7 @@ def aggregate(
     is_model: bool,
     curve_metrics: Sequence[str] = (),
     metric_days: Sequence[int] = (),
+    rate_metrics: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """One result row per task (the JSON schema of ``recruit-trl eval --json``).
 
@@ -61,6 +73,8 @@ def aggregate(
         curve_metrics: episode metrics whose course is reported too (``<name>_at_mean``, ``_peak_mean``,
             ``_by_day_mean``); see the module docstring.
         metric_days: the days of ``<name>_at_mean``.
+        rate_metrics: episode metrics that are 0/1 outcomes (e.g. a win): the row carries ``<name>_rate``, the share
+            of episodes that end with 1 (4 decimals), instead of ``<name>_mean``.
 
     Raises:
         ValueError: when an episode metric's field would overwrite another field of the row.
@@ -101,7 +115,7 @@ def aggregate(
                 {k: round(statistics.mean(t[k] for t in terms), 4) for k in terms[0]} if terms and all(terms) else None
             ),
         }
-        metrics = _metric_fields(group, curve_metrics, metric_days)
+        metrics = _metric_fields(group, curve_metrics, metric_days, rate_metrics)
         clash = sorted(set(metrics) & (set(head) | set(tail)))
         if clash:
             raise ValueError(f"episode metrics {clash} would overwrite result fields of the same name: rename them")
@@ -110,7 +124,7 @@ def aggregate(
 
 
 def _metric_fields(
-    group: Sequence[EpisodeLog], curve_metrics: Sequence[str], metric_days: Sequence[int]
+    group: Sequence[EpisodeLog], curve_metrics: Sequence[str], metric_days: Sequence[int], rate_metrics: Sequence[str]
 ) -> dict[str, Any]:
     """The episode metrics' fields of one result row (``group``: the episodes of one task), in the metrics' order.
 
@@ -126,6 +140,9 @@ def _metric_fields(
 
     for name in group[0].metrics:
         series = [log.metrics[name] for log in group]
+        if name in rate_metrics:
+            put(f"{name}_rate", round(statistics.mean(s[-1] for s in series), 4))
+            continue
         put(f"{name}_mean", round(statistics.mean(s[-1] for s in series), 2))
         if name in curve_metrics:
             if metric_days:
@@ -145,6 +162,11 @@ def metric_names(row: Mapping[str, Any]) -> list[str]:
     """The episode metrics of a result row (its other ``<name>_mean`` fields), in the row's order."""
     derived = {f"{name}{suffix}" for name in curve_names(row) for suffix in CURVE_SUFFIXES}
     return [k[: -len("_mean")] for k in row if k.endswith("_mean") and k not in FIXED_MEANS and k not in derived]
+
+
+def rate_names(row: Mapping[str, Any]) -> list[str]:
+    """The rate metrics of a result row (its ``<name>_rate`` fields other than the fixed ones), in the row's order."""
+    return [k[: -len("_rate")] for k in row if k.endswith("_rate") and k not in FIXED_RATES]
 
 
 def curve_names(row: Mapping[str, Any]) -> list[str]:

@@ -337,6 +337,7 @@ def evaluate(
     curves = {
         "curve_metrics": getattr(interface, "curve_metrics", ()),
         "metric_days": getattr(interface, "metric_days", ()),
+        "rate_metrics": getattr(interface, "rate_metrics", ()),
     }
     trace: list[dict[str, Any]] = []
     results = []

@@ -155,6 +155,8 @@ class EnvInterface(Protocol):
     #     ``metric_days``, ``<name>_at_mean`` ({"15": value after 15 decisions, ...}); the report plots them.
     #     Default: ().
     # metric_days: tuple[int, ...]: see ``curve_metrics``. Default: ().
+    # rate_metrics: tuple[str, ...]: those of the episode metrics that are 0/1 outcomes (e.g. a win); evaluation rows
+    #     carry ``<name>_rate``, the share of episodes ending with 1, instead of ``<name>_mean``. Default: ().
     # reference_scores: Mapping[str, float]: a published reference final score per task, drawn in plots and
     #     printed in summaries. Default: {}.
     # reference_band: tuple[str, str, float, float] | None: ``(metric, label, low, high)``, a published reference

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from recruit_trl.eval_metrics import curve_names, metric_names
+from recruit_trl.eval_metrics import curve_names, metric_names, rate_names
 from recruit_trl.files import save_figure_atomic, write_json_atomic
 from recruit_trl.protocol import EnvInterface
 
@@ -60,10 +60,11 @@ def _pyplot():
 
 
 def format_table(results: Sequence[dict[str, Any]]) -> str:
-    """The results as a plain-text table, with a column for each episode metric the rows carry."""
+    """The results as a plain-text table, with a column for each episode metric the rows carry (rates in %)."""
+    rates = list(dict.fromkeys(name for r in results for name in rate_names(r)))
     metrics = list(dict.fromkeys(name for r in results for name in metric_names(r)))
-    widths = {name: max(10, len(name) + 2) for name in metrics}
-    columns = "".join(f"{name:>{widths[name]}}" for name in metrics)
+    widths = {name: max(10, len(name) + 2) for name in rates + metrics}
+    columns = "".join(f"{name:>{widths[name]}}" for name in rates + metrics)
     header = (
         f"{'policy':<22}{'task':<22}{'score':>16}{columns}{'len':>6}{'json':>7}{'valid':>7}{'fallbk':>7}{'teach':>7}"
         "  top action"
@@ -79,7 +80,8 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
     for r in results:
         top = max(r["action_types"], key=r["action_types"].get) if r["action_types"] else "-"
         score = "-" if r["final_score_mean"] is None else f"{r['final_score_mean']:.3f} ± {r['final_score_sd']:.3f}"
-        values = "".join(f"{number(r.get(f'{name}_mean')):>{widths[name]}}" for name in metrics)
+        values = "".join(f"{pct(r.get(f'{name}_rate'), 1):>{widths[name]}}" for name in rates)
+        values += "".join(f"{number(r.get(f'{name}_mean')):>{widths[name]}}" for name in metrics)
         lines.append(
             f"{r['policy'][:21]:<22}{r['task']:<22}{score:>16}{values}{r['episode_length_mean']:>6.0f}"
             f"{pct(r['strict_json_rate']):>7}{pct(r['valid_action_rate'], 1):>7}{pct(r['fallback_rate']):>7}"

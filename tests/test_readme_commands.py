@@ -60,7 +60,10 @@ COVERAGE = {
     r"python recipes/sft_clinical\.py --teacher expert": "tests/test_recipes.py::test_sft_recipe_trains_and_reports",
     r"recruit-trl eval .*": "run",
     r"python -m recruit_trl\.bench_rollout .*": "run",
+    r"recruit-trl serve --env conquest": "tests/test_conquest_served.py::test_server_process_plays_like_in_process",
     r"recruit-trl serve.*": "run",
+    r"recruit-trl tasks --env conquest": "run",
+    r"python -m env\.conquest\.(golden|bench) .*": "run",
     r"python -m env\.loadtest.*": "tests/test_server.py::test_loadtest_cli_smoke",
     r"python -m env(\.clinical)?\.bench.*": "run",
     r"python -m env(\.clinical)?\.golden .*": "tests/test_env_golden.py::test_golden_cli_reports_and_exits_zero",
@@ -154,7 +157,7 @@ def server_url():
 
 
 def test_recruit_trl_eval_commands(warm_model, server_url, tmp_path):
-    commands = commands_matching("recruit-trl eval")
+    commands = [c for c in commands_matching("recruit-trl eval") if "--env conquest" not in c]
     assert len(commands) >= 3
     for command in commands:
         command = re.sub(r"model:outputs/grpo_clinical(/sft)?", f"model:{warm_model}", command)  # GRPO or SFT
@@ -164,6 +167,28 @@ def test_recruit_trl_eval_commands(warm_model, server_url, tmp_path):
         assert "hard_bench_stage_30" in proc.stdout
     assert (tmp_path / "r.json").is_file() and (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "decisions.jsonl").read_text().count("\n") >= 30
+
+
+def test_conquest_commands(tmp_path):
+    (tasks,) = commands_matching("recruit-trl tasks --env conquest")
+    assert "classic3" in run(shlex.split(tasks), cwd=tmp_path).stdout
+    evals = commands_matching("recruit-trl eval --env conquest")
+    assert len(evals) >= 2
+    for k, command in enumerate(evals):  # every documented policy, one game of the smallest task
+        argv, skip = [], False
+        for arg in shlex.split(command):
+            if not skip and arg not in ("--task", "--seeds", "--json"):
+                argv.append(arg)
+            skip = arg in ("--task", "--seeds", "--json")
+        proc = run([*argv, "--task", "duel", "--seeds", "0", "--no-progress", "--json", f"c{k}.json"], cwd=tmp_path)
+        assert "duel" in proc.stdout and "win_rate" in (tmp_path / f"c{k}.json").read_text()
+    (golden,) = commands_matching("python -m env.conquest.golden")
+    assert run(shlex.split(golden), cwd=ROOT).stdout.strip().splitlines()[-1].endswith(", 0 failed")
+    (bench,) = commands_matching("python -m env.conquest.bench")
+    argv = [a for a in shlex.split(bench) if not a.endswith(".json") and a != "--json"]
+    argv += ["--tasks", "duel", "--games", "1", "--repeats", "1", "--json", str(tmp_path / "b.json")]
+    proc = run(argv, cwd=ROOT)
+    assert "duel" in proc.stdout and (tmp_path / "b.json").is_file()
 
 
 def test_serve_command_listens(server_url):
