@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from env.clinical.core import ClinicalRecruitmentEnv
+from env.golden_replay import replay_files
 
 STEP_FIELDS = ("reward", "done", "enrolled", "budget", "error", "uncertainty", "milestone_potential")
 
@@ -66,32 +67,25 @@ def replay_episode(episode: dict[str, Any]) -> list[str]:
     return problems
 
 
+def load_episodes(path: str) -> list[dict[str, Any]]:
+    """A golden file's episodes (a list, or one episode, or ``{"episodes": [...]}``)."""
+    with open(path) as fh:
+        episodes = json.load(fh)
+    if isinstance(episodes, dict):
+        episodes = episodes.get("episodes", [episodes])
+    return episodes
+
+
+def episode_label(episode: dict[str, Any]) -> str:
+    return f"{episode.get('task')} seed={episode.get('seed')} {episode.get('policy', '')}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m env.clinical.golden", description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", help="golden-format JSON files")
     parser.add_argument("--verbose", "-v", action="store_true", help="print every episode, not only failures")
     args = parser.parse_args(argv)
-    passed = failed = 0
-    for path in args.files:
-        with open(path) as fh:
-            episodes = json.load(fh)
-        if isinstance(episodes, dict):
-            episodes = episodes.get("episodes", [episodes])
-        for k, episode in enumerate(episodes):
-            label = f"{path}#{k} {episode.get('task')} seed={episode.get('seed')} {episode.get('policy', '')}".rstrip()
-            try:
-                problems = replay_episode(episode)
-            except Exception as exc:  # a crash is a failure of this episode, not of the whole run
-                problems = [f"crashed: {type(exc).__name__}: {exc}"]
-            if problems:
-                failed += 1
-                print(f"FAIL {label}: {problems[0]}")
-            else:
-                passed += 1
-                if args.verbose:
-                    print(f"ok   {label}")
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
+    return replay_files(args.files, load_episodes, replay_episode, episode_label, args.verbose)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from env.conquest import TASKS, ConquestEnv, teacher_index
+from env.golden_replay import replay_files
 
 ANSWERERS = ("zero", "teacher", "random", "malformed")
 FORMAT = "conquest-golden"
@@ -204,6 +205,10 @@ def load_episodes(path: str) -> list[dict[str, Any]]:
     return payload["episodes"]
 
 
+def episode_label(episode: dict[str, Any]) -> str:
+    return f"{episode['task']} seed={episode['seed']} {episode['answerer']} ({episode['steps']} steps)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m env.conquest.golden", description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", help="golden files to replay")
@@ -219,23 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.files:
         parser.error("give golden files to replay, or --record FILE")
-    passed = failed = 0
-    for path in args.files:
-        for k, episode in enumerate(load_episodes(path)):
-            label = f"{path}#{k} {episode['task']} seed={episode['seed']} {episode['answerer']}"
-            try:
-                problems = replay_episode(episode)
-            except Exception as exc:  # a crash fails this episode, not the whole run
-                problems = [f"crashed: {type(exc).__name__}: {exc}"]
-            if problems:
-                failed += 1
-                print(f"FAIL {label}: {problems[0]}")
-            else:
-                passed += 1
-                if args.verbose:
-                    print(f"ok   {label} ({episode['steps']} steps)")
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
+    return replay_files(args.files, load_episodes, replay_episode, episode_label, args.verbose)
 
 
 if __name__ == "__main__":
