@@ -43,7 +43,16 @@ from recruit_trl.contracts import (
     parse_json_object,
 )
 from recruit_trl.eval_cache import EVAL_SCHEMA, cache_key, cached_evaluation, evaluate_cached, evaluate_cached_runs
-from recruit_trl.eval_metrics import CURVE_SUFFIXES, FIXED_MEANS, EpisodeLog, aggregate, curve_names, metric_names
+from recruit_trl.eval_metrics import (
+    CURVE_SUFFIXES,
+    FIXED_MEANS,
+    FIXED_RATES,
+    EpisodeLog,
+    aggregate,
+    curve_names,
+    metric_names,
+    rate_names,
+)
 from recruit_trl.files import write_text_atomic
 from recruit_trl.models import load_for_inference
 from recruit_trl.protocol import EnvInterface, episode_metrics, get_env_interface, policy_action, remote_env
@@ -55,6 +64,7 @@ __all__ = [
     "CURVE_SUFFIXES",
     "EVAL_SCHEMA",
     "FIXED_MEANS",
+    "FIXED_RATES",
     "EpisodeLog",
     "EvalConfig",
     "Evaluator",
@@ -69,6 +79,7 @@ __all__ = [
     "load_policy_model",
     "metric_names",
     "plot_results",
+    "rate_names",
     "versions",
     "with_tasks",
 ]
