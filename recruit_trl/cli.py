@@ -152,6 +152,78 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------------
+# benchmark
+
+
+def _add_benchmark(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "benchmark", help="score policies' answers on teacher decision sets (strict JSON, valid, teacher match)"
+    )
+    p.add_argument("--env", required=True, help="environment interface (name or module:attribute)")
+    p.add_argument(
+        "--policy",
+        action="append",
+        required=True,
+        help="model:PATH (or model:smollm2) or a policy of the environment (e.g. safe, teacher); repeatable",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        choices=("train", "fixed", "heldout"),
+        help="set to score; repeatable (default: fixed and heldout)",
+    )
+    p.add_argument("--data", default="outputs/teacher_sets", help="folder the sets are built in (once per settings)")
+    p.add_argument("--tasks", nargs="+", help="tasks (default: the environment's tasks)")
+    p.add_argument(
+        "--teacher",
+        default="teacher",
+        help="policy that plays the games and answers every decision (default teacher; clinical: expert)",
+    )
+    p.add_argument("--train-seeds", default="0-99", help="game seeds of the train set (default 0-99)")
+    p.add_argument("--fixed-seeds", default="100-109", help="game seeds of the fixed set (default 100-109)")
+    p.add_argument("--heldout-seeds", default="200-259", help="game seeds of the held-out set (default 200-259)")
+    p.add_argument("--fixed-size", type=int, default=100, help="rows of the fixed set (default 100)")
+    p.add_argument("--heldout-size", type=int, default=1000, help="rows of the held-out set (default 1000)")
+    p.add_argument("--max-share", type=float, default=0.25, help="largest share of a set one stratum may hold")
+    p.add_argument("--recent-k", type=int, default=2, help="recent actions in the prompts (as in training)")
+    p.add_argument("--constrained", action="store_true", help="also score models with constrained decoding")
+    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() call")
+    p.add_argument("--json", help="write the tables, the sets' metadata and timings to this file")
+    p.add_argument("--no-progress", action="store_true", help="no progress messages or bars")
+    p.set_defaults(func=cmd_benchmark)
+
+
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    from recruit_trl.benchmark import format_result, run_benchmark
+    from recruit_trl.files import write_json_atomic
+    from recruit_trl.protocol import get_env_interface
+    from recruit_trl.teacher_sets import SetConfig
+    from recruit_trl.training import parse_int_ranges
+
+    config = SetConfig(
+        env=args.env,
+        tasks=tuple(args.tasks or get_env_interface(args.env).tasks()),
+        teacher=args.teacher,
+        train_seeds=tuple(parse_int_ranges(args.train_seeds)),
+        fixed_seeds=tuple(parse_int_ranges(args.fixed_seeds)),
+        heldout_seeds=tuple(parse_int_ranges(args.heldout_seeds)),
+        fixed_size=args.fixed_size,
+        heldout_size=args.heldout_size,
+        max_share=args.max_share,
+        recent_k=args.recent_k,
+    )
+    result = run_benchmark(
+        config, args.policy, args.set or ["fixed", "heldout"], args.data, batch_size=args.batch_size,
+        constrained=args.constrained, progress=not args.no_progress,
+    )  # fmt: skip
+    print(format_result(result))
+    if args.json:
+        write_json_atomic(args.json, result)
+        print(f"wrote {args.json}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
 # environment commands: entry points of the recruit_trl.commands group (their own --help is the reference)
 
 COMMAND_GROUP = "recruit_trl.commands"
@@ -174,7 +246,12 @@ def _add_environment_command(subparsers: argparse._SubParsersAction, ep: importl
 # parser
 
 
-_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_tasks, _add_eval, _add_version)
+_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    _add_tasks,
+    _add_eval,
+    _add_benchmark,
+    _add_version,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

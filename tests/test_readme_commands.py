@@ -63,6 +63,7 @@ COVERAGE = {
     r"recruit-trl serve --env conquest": "tests/test_conquest_served.py::test_server_process_plays_like_in_process",
     r"recruit-trl serve.*": "run",
     r"recruit-trl tasks --env conquest": "run",
+    r"recruit-trl benchmark --env conquest .*": "run",
     r"python -m env\.conquest\.(golden|bench) .*": "run",
     r"python -m env\.loadtest.*": "tests/test_server.py::test_loadtest_cli_smoke",
     r"python -m env(\.clinical)?\.bench.*": "run",
@@ -189,6 +190,15 @@ def test_conquest_commands(tmp_path):
     argv += ["--tasks", "duel", "--games", "1", "--repeats", "1", "--json", str(tmp_path / "b.json")]
     proc = run(argv, cwd=ROOT)
     assert "duel" in proc.stdout and (tmp_path / "b.json").is_file()
+
+
+def test_conquest_benchmark_command(tmp_path):
+    (command,) = commands_matching("recruit-trl benchmark --env conquest")
+    tiny = "--tasks duel --train-seeds 0 --fixed-seeds 1 --heldout-seeds 2 --fixed-size 8 --heldout-size 20"
+    tiny += " --data sets --json b.json --no-progress"
+    proc = run(shlex.split(f"{command} {tiny}"), cwd=tmp_path)
+    assert "set fixed (8 rows" in proc.stdout and "set heldout (20 rows" in proc.stdout
+    assert (tmp_path / "b.json").is_file()
 
 
 def test_serve_command_listens(server_url):

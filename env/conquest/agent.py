@@ -208,6 +208,15 @@ class ConquestInterface:
             for spec in TASKS.values()
         ]
 
+    def decision_phase(self, obs: Mapping[str, Any], action: Mapping[str, Any]) -> str:
+        """The stratum of a decision in a teacher decision set: ``trade`` when the action trades cards, else the
+        observation's phase (``reinforce``, ``attack``, ``occupy``, ``fortify``; setup placements count as
+        ``reinforce``)."""
+        if action.get("type") == "trade":
+            return "trade"
+        phase = str(obs["phase"])
+        return "reinforce" if phase == "setup_place" else phase
+
     def episode_metrics(self, obs: Mapping[str, Any], info: Mapping[str, Any]) -> dict[str, float]:
         """``win`` (1 once the agent has won, else 0), ``rounds`` played and the agent's ``territories``."""
         return {

