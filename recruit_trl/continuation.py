@@ -16,7 +16,7 @@ from typing import Any
 
 from recruit_trl.anchors import Anchor, AnchorCache, AnchorState
 from recruit_trl.contracts import ParsedAction
-from recruit_trl.protocol import EnvInterface
+from recruit_trl.protocol import EnvInterface, policy_action
 from recruit_trl.rollout_config import RolloutConfig
 
 
@@ -83,7 +83,7 @@ class Scorer:
         played = 0
         for k in range(days):
             env.reseed(day_seed(seed, first_day + k))
-            action = self.continuation(obs, rng)
+            action = policy_action(self.continuation, env, obs, rng)  # a planner reads the live env
             new_obs, reward, terminated, truncated, info = env.step(action)
             add_components(totals, self.interface.step_components(obs, action, new_obs, reward, info))
             obs = new_obs

@@ -112,6 +112,17 @@ def test_rollouts_play_the_toy_environment(toy, monkeypatch, mode):
         assert len(out[field]) == 4
 
 
+def test_a_planner_that_reads_the_live_environment_continues_branches(toy, monkeypatch):
+    rows = collect_traces(toy, list(toy.tasks()), [0], teacher="greedy")
+    tokenizer = build_tokenizer([m["content"] for r in rows for m in r["messages"]] + [r["completion"] for r in rows])
+    monkeypatch.setattr(rollout_mod, "sample", ScriptedSampler(tokenizer, '{"action_index": 1}'))
+    config = RolloutConfig(env=ENV, mode="branch", horizon=12, continuation_policy="planner")
+    rollout = make_rollout(config, toy)
+    prompts = [Anchor("far", 1, 2, policy="random").key()]
+    out = rollout(prompts, None, model=object(), tokenizer=tokenizer, generation_config=None, step=0)
+    assert out["valid"] == [1.0] and out["action_type"] == ["right"]
+
+
 def test_the_toy_environment_trains_through_the_recipes(warm_model, tmp_path):
     """One SFT step and one GRPO step on the toy walk through recipes/grpo_clinical.py's code paths (the environment
     is a flag), then its decision-level report: nothing in recruit_trl/ knows the walk."""

@@ -74,6 +74,13 @@ def random_policy(obs: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
     return {"kind": rng.choice(KINDS[:3])}  # never stops: a random walk of the whole episode
 
 
+class Planner:
+    """A policy that reads the live environment (``act`` only, not callable), as board-game bots do."""
+
+    def act(self, env: Walk, obs: Mapping[str, Any] | None = None, rng: random.Random | None = None) -> dict[str, Any]:
+        return {"kind": "stop" if env.position == env.target else toward(env.observation())}
+
+
 class ToyInterface:
     """recruit_trl's ``EnvInterface`` for :class:`Walk` (required members only: every optional one keeps its
     generic default)."""
@@ -127,7 +134,7 @@ class ToyInterface:
         return info.get("final_score")
 
     def get_policy(self, name: str):
-        policies = {"greedy": greedy_policy, "random": random_policy}
+        policies = {"greedy": greedy_policy, "random": random_policy, "planner": Planner()}
         if name not in policies:
             raise ValueError(f"unknown policy {name!r}; expected one of {sorted(policies)}")
         return policies[name]
