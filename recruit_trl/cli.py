@@ -181,12 +181,15 @@ def _add_benchmark(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--train-seeds", default="0-99", help="game seeds of the train set (default 0-99)")
     p.add_argument("--fixed-seeds", default="100-109", help="game seeds of the fixed set (default 100-109)")
-    p.add_argument("--heldout-seeds", default="200-259", help="game seeds of the held-out set (default 200-259)")
+    p.add_argument("--heldout-seeds", default="300-359", help="game seeds of the held-out set (default 300-359)")
     p.add_argument("--fixed-size", type=int, default=100, help="rows of the fixed set (default 100)")
     p.add_argument("--heldout-size", type=int, default=1000, help="rows of the held-out set (default 1000)")
     p.add_argument("--max-share", type=float, default=0.25, help="largest share of a set one stratum may hold")
     p.add_argument("--recent-k", type=int, default=2, help="recent actions in the prompts (as in training)")
     p.add_argument("--constrained", action="store_true", help="also score models with constrained decoding")
+    p.add_argument(
+        "--max-rows", type=int, default=0, help="score a fixed random subset of a larger set (0: every row)"
+    )
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() call")
     p.add_argument("--json", help="write the tables, the sets' metadata and timings to this file")
     p.add_argument("--no-progress", action="store_true", help="no progress messages or bars")
@@ -214,7 +217,7 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     )
     result = run_benchmark(
         config, args.policy, args.set or ["fixed", "heldout"], args.data, batch_size=args.batch_size,
-        constrained=args.constrained, progress=not args.no_progress,
+        constrained=args.constrained, max_rows=args.max_rows, progress=not args.no_progress,
     )  # fmt: skip
     print(format_result(result))
     if args.json:

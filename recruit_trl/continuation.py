@@ -74,9 +74,9 @@ class Scorer:
 
     def continue_(
         self, env, obs: dict, totals: dict[str, float], seed: int, days: int, first_day: int = 1
-    ) -> tuple[int, dict]:
+    ) -> tuple[int, dict, dict]:
         """Play ``days`` days with the continuation policy, re-seeding the step RNG every day (simulated days
-        ``first_day``, ``first_day + 1``, ...); returns (steps played, last info)."""
+        ``first_day``, ``first_day + 1``, ...); returns (steps played, last info, last observation)."""
         t0 = time.perf_counter()
         rng = random.Random(seed)
         info: dict = {}
@@ -92,7 +92,7 @@ class Scorer:
                 break
         self.env_seconds += time.perf_counter() - t0
         self.env_steps += played
-        return played, info
+        return played, info, obs
 
 
 @dataclass

@@ -40,11 +40,16 @@ CURVE_KEYS = (
 )
 
 
+def is_rate_curve(key: str) -> bool:
+    """A logged rate metric of the rollouts' games (``rollout/<metric>_rate``, e.g. ``rollout/win_rate``)."""
+    return key.startswith("rollout/") and key.endswith("_rate") and key not in CURVE_KEYS
+
+
 def training_curves(log_history: Sequence[dict[str, Any]]) -> dict[str, list]:
     """Per-step series (``step`` plus :data:`CURVE_KEYS` and every action-type share) from ``log_history``."""
     rows = [h for h in log_history if "reward" in h and "step" in h]
     curves: dict[str, list] = {"step": [h["step"] for h in rows]}
-    keys = list(CURVE_KEYS) + sorted({k for h in rows for k in h if k.startswith(ACTION_PREFIX)})
+    keys = list(CURVE_KEYS) + sorted({k for h in rows for k in h if k.startswith(ACTION_PREFIX) or is_rate_curve(k)})
     for key in keys:
         curves[key] = [h.get(key) for h in rows]
     return curves
@@ -143,7 +148,8 @@ def plot_training(curves: dict[str, list], path: str | Path) -> Path:
         ("rollout/fallback_rate", "fallback rate"),
         ("frac_reward_zero_std", "zero-variance groups"),
     )
-    for key, label in rates:
+    outcomes = tuple((k, f"{k[len('rollout/') :]} of the scored games") for k in curves if is_rate_curve(k))
+    for key, label in (*rates, *outcomes):
         if any(v is not None for v in curves.get(key, [])):
             bottom.plot(steps, curves[key], label=label)
     bottom.set_ylabel("fraction")
@@ -353,6 +359,8 @@ def summary(report: dict[str, Any], interface: EnvInterface | None = None) -> st
         v = f"{100 * min(valid):.1f}%" if valid else "-"  # tenths: 98.7 % is not the 99 % target
         o = (f"{100 * min(own):.1f}%" if own else "-").rjust(8) if own_col else ""
         lines.append(f"{policy:<12}" + "".join(cells) + f"{v:>8}" + o)
+    if any(rate_names(r) for r in results):  # outcomes such as a win: every row's rates, lengths and action mix
+        lines += ["", format_table(results)]
     references = getattr(interface, "reference_scores", None)
     if references:
         lines.append(f"{'reference':<12}" + "".join(f"{references.get(t, float('nan')):>24.3f}" for t in tasks))
@@ -380,6 +388,11 @@ def summary(report: dict[str, Any], interface: EnvInterface | None = None) -> st
         rows = report["decisions"]["config"]["decisions"]
         lines += ["", f"decision level: {rows} held-out decisions (greedy, free decoding), state values", ""]
         lines.append(decision_table(report["decisions"]))
+        if report["decisions"].get("sets"):
+            from recruit_trl.benchmark import format_result
+
+            lines += ["", "teacher decision sets (greedy, free decoding; constrained teacher match beside it)", ""]
+            lines.append(format_result(report["decisions"]["sets"]))
     for key in ("seconds", "output_dir"):
         if key in report:
             lines.append(f"{key}: {report[key]}")

@@ -25,7 +25,9 @@ rows), ``final_score`` (``None`` unless the episode ended inside the horizon), `
 what that policy would do in the same state, in window mode the fraction of turns; ``None`` without a teacher).
 
 Invalid model output never raises: the environment interface's fallback action is played instead and the
-row is counted (``rollout/fallback_rate``). Collapse and cost metrics are logged through the trainer.
+row is counted (``rollout/fallback_rate``). Collapse and cost metrics are logged through the trainer, and for an
+interface with ``rate_metrics`` (e.g. conquest's ``win``) the share of scored rows whose game ends with it
+(``rollout/win_rate``: where the sampled action and the continuation lead).
 
 The settings live in :mod:`recruit_trl.rollout_config` and the continuation machinery in
 :mod:`recruit_trl.continuation`; both are re-exported here.
@@ -45,7 +47,7 @@ from recruit_trl.anchors import Anchor, AnchorCache, AnchorState, anchor_from_pr
 from recruit_trl.continuation import Branch, Scorer, add_components, day_seed, group_seed, last
 from recruit_trl.contracts import ParsedAction, answer_texts, build_messages, digest, parse_action
 from recruit_trl.generation import answer_token_ids, encode_prompt, policy_for_generation, sample
-from recruit_trl.protocol import Action, EnvInterface, get_env_interface, policy_action
+from recruit_trl.protocol import Action, EnvInterface, episode_metrics, get_env_interface, policy_action
 from recruit_trl.rollout_config import MODES, ROW_FIELDS, PromptConfig, RolloutConfig
 from recruit_trl.traces import same_action
 
@@ -105,6 +107,15 @@ class _RolloutBase:
         self.scorer.env_seconds += time.perf_counter() - t0
         return action
 
+    def _rates(self, ends: list[tuple[dict, dict]]) -> dict[str, float]:
+        """The interface's rate metrics (e.g. a win) at the end of scored continuations ``(obs, info)``, averaged;
+        empty for an interface without them."""
+        names = getattr(self.interface, "rate_metrics", ())
+        if not names or not ends:
+            return {}
+        values = [episode_metrics(self.interface, obs, info) for obs, info in ends]
+        return {name: sum(float(v.get(name, 0.0)) for v in values) / len(values) for name in names}
+
     def _extra_fields(self, rows: list[dict[str, Any]]) -> dict[str, list]:
         """The per-row fields forwarded to reward functions (one list per field, in row order)."""
         names = (*self.interface.reward_fields, *ROW_FIELDS)
@@ -137,6 +148,8 @@ class _RolloutBase:
             log(f"rollout/action_type/{kind}", counts.get(kind, 0) / n)
         entropy = -sum(c / n * math.log(c / n) for c in counts.values())
         log("rollout/action_entropy", entropy)
+        for name in getattr(self.interface, "rate_metrics", ()):  # e.g. rollout/win_rate: where the rows' games end
+            log(f"rollout/{name}_rate", sum(r["rates"].get(name, 0.0) for r in rows) / n)
         log("rollout/action_entropy_normalized", entropy / math.log(max(2, len(self.interface.action_types()))))
         log("rollout/env_time_share", self.scorer.env_seconds / seconds if seconds > 0 else 0.0)
         log("rollout/env_steps_per_row", self.scorer.env_steps / n)
@@ -231,11 +244,12 @@ class BranchRollout(_RolloutBase):
         """The continuation policy plays the rest of the horizon from simulated day ``first_day``."""
         days = self.config.horizon - (first_day - 1)
         if not branch.done and days > 0:
-            played, last_info = self.scorer.continue_(
+            played, last_info, last_obs = self.scorer.continue_(
                 branch.env, branch.obs, branch.totals, branch.seed, days, first_day
             )
             branch.played += played
             branch.info = last_info or branch.info
+            branch.obs = last_obs
 
     def _average(self, branches: list[Branch]) -> dict[str, Any]:
         """One outcome from a distinct action's continuations: reward components, final score and scored steps
@@ -247,6 +261,7 @@ class BranchRollout(_RolloutBase):
             name: sum(b.totals[name] for b in branches) / n for name in self.interface.reward_fields
         }
         out["final_score"] = None if None in scores else sum(scores) / n
+        out["rates"] = self._rates([(b.obs, b.info) for b in branches])
         out["action_error"] = branches[0].error
         out["scored_steps"] = sum(b.played for b in branches) / n
         out["rejected"] = None if branches[0].applied.valid else branches[0].applied
@@ -339,7 +354,7 @@ class BranchRollout(_RolloutBase):
         outcome = self._cached_outcome(anchor, state, parsed.action, step)
         if outcome["rejected"] is not None:
             parsed = outcome["rejected"]
-        row = {name: outcome[name] for name in (*self.interface.reward_fields, "final_score", "action_error")}
+        row = {name: outcome[name] for name in (*self.interface.reward_fields, "final_score", "action_error", "rates")}
         row["valid"] = 1.0 if parsed.valid else 0.0
         row["action_shaping"] = self.interface.action_shaping(state.obs, parsed.action) if parsed.valid else None
         row["action_type"] = self.interface.action_type(parsed.action)
@@ -442,17 +457,18 @@ class WindowRollout(_RolloutBase):
             row, tot = rows[i], totals[i]
             info = row["info"]
             if not row["done"] and self.config.horizon:
-                played, last_info = self.scorer.continue_(
+                played, last_info, last_obs = self.scorer.continue_(
                     envs[i], obs[i], tot, seeds[i], self.config.horizon, first_day=row["turns"]
                 )
                 row["turns_scored"] = row["turns"] + played
                 if last_info:
-                    info = last_info
+                    info, obs[i] = last_info, last_obs
             first_obs, first = row["first"]
             out = dict(tot)
             out["valid"] = row["valid_turns"] / max(1, row["turns"])
             out["action_shaping"] = self.interface.action_shaping(first_obs, first.action) if first.valid else None
             out["final_score"] = self.interface.final_score(info)
+            out["rates"] = self._rates([(obs[i], info)])
             out["action_type"] = self.interface.action_type(first.action)
             out["action_error"] = row["action_error"]
             out["scored_steps"] = row.get("turns_scored", row["turns"])

@@ -13,7 +13,7 @@ from recruit_trl.evaluate import EvalConfig, cached_evaluation, evaluate_cached,
 from recruit_trl.files import read_json, write_json_atomic
 from recruit_trl.models import METADATA_FILE, is_adapter, loading_config, model_fingerprint, model_kind, model_summary
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.training import parse_int_ranges
+from recruit_trl.training import parse_int_ranges, sft_arguments
 
 
 def report_runs(script_args, training_args, model_args, model_path: str) -> list[tuple[str, str, EvalConfig, Path]]:
@@ -190,6 +190,7 @@ def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
         "days": script_args.decision_days, "rows": script_args.decision_rows, "teacher": script_args.teacher,
         "tasks": list(script_args.tasks), "contract": script_args.contract, "recent_k": script_args.recent_k,
         "continuation": script_args.continuation_policy, "model_loading": loading_config(model_args),
+        "sft": {k: v for k, v in vars(sft_arguments(script_args)).items()},
         "env": script_args.env, "weights": {
             label: model_fingerprint(p[len("model:") :]) for label, p in policies.items() if p.startswith("model:")
         },
@@ -209,8 +210,23 @@ def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
         interface, policies, states, reference="sft" if "sft" in policies else script_args.teacher,
         continuation=script_args.continuation_policy, model_loading=key["model_loading"],
     )  # fmt: skip
+    if sft_arguments(script_args).data == "teacher_sets":
+        result["sets"] = set_benchmark(script_args, model_args, policies, out)
     write_json_atomic(cache, {"key": key, "result": result})
     return result
+
+
+def set_benchmark(script_args, model_args, policies: dict[str, str], out: Path) -> dict:
+    """The benchmark table of ``policies`` on the warm start's teacher decision sets (``fixed`` and ``heldout``,
+    ``--sft_heldout_rows`` of each when set; free decoding, the constrained teacher match beside it)."""
+    from recruit_trl.benchmark import run_benchmark
+    from recruit_trl.warm_start import set_config
+
+    config = set_config(sft_arguments(script_args), script_args.env, script_args.tasks, script_args.recent_k)
+    return run_benchmark(
+        config, policies, ["fixed", "heldout"], out / "sft" / "dataset" / "sets", constrained=True,
+        max_rows=script_args.sft_heldout_rows, model_loading=loading_config(model_args),
+    )  # fmt: skip
 
 
 def sft_trained(script_args) -> str | None:

@@ -18,11 +18,14 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from recruit_trl.contracts import parse_index, parse_json_object
 from recruit_trl.protocol import EnvInterface
 from recruit_trl.traces import TraceStats, collect_traces
+
+SFT_DATA = ("traces", "teacher_sets")
 
 
 @dataclass
@@ -35,9 +38,21 @@ class SFTArguments:
     """
 
     teacher: str = field(default="safe", metadata={"help": "Teacher policy registered by the environment."})
+    data: str = field(
+        default="traces",
+        metadata={"help": "Training rows: 'traces' (the teacher's episodes on --train_seeds with --epsilon "
+                  "exploration, capped per action type by --max_type_fraction; held out: the episodes of "
+                  "--heldout_seeds) or 'teacher_sets' (recruit_trl.teacher_sets: every decision of the teacher's "
+                  "games on --train_seeds, capped per decision phase by --max_type_fraction; held out: the 1,000-row "
+                  "'heldout' set of --heldout_seeds, beside the 100-row 'fixed' set of --fixed_seeds, the sets "
+                  "`recruit-trl benchmark --data <output_dir>/dataset/sets` scores)."},
+    )  # fmt: skip
     train_seeds: str = field(default="300-311", metadata={"help": "Reset seeds of the teacher's training episodes."})
     heldout_seeds: str = field(
         default="400-402", metadata={"help": "Reset seeds of the held-out episodes (the teacher-match report)."}
+    )
+    fixed_seeds: str = field(
+        default="100-109", metadata={"help": "Game seeds of the fixed 100-row set (--data teacher_sets only)."}
     )
     heldout_rows: int = field(
         default=0, metadata={"help": "Held-out rows in the report: a fixed random subset of them (0: all)."}
@@ -82,6 +97,8 @@ class SFTArguments:
     )  # fmt: skip
 
     def __post_init__(self) -> None:
+        if self.data not in SFT_DATA:
+            raise ValueError(f"data must be one of {SFT_DATA}, not {self.data!r}")
         if str(self.token_metrics).lower() not in ("auto", "true", "false"):
             raise ValueError(f"token_metrics must be auto, true or false, not {self.token_metrics!r}")
 
@@ -183,6 +200,33 @@ def build_sft_datasets(
         "heldout_action_types": dict(Counter(r["action_type"] for r in heldout_rows)),
     }
     return to_conversational(balanced), to_conversational(heldout_rows), stats
+
+
+def teacher_set_datasets(
+    interface: EnvInterface, config: Any, root: str | Path, progress: bool = True
+) -> tuple[Any, Any, dict[str, Any]]:
+    """The teacher decision sets of ``config`` (a :class:`recruit_trl.teacher_sets.SetConfig`, built under ``root`` or
+    reused) as SFT data: (train Dataset, held-out Dataset, stats), the ``train`` and ``heldout`` splits as
+    conversational rows with the trace rows' columns (a row's ``day`` is its decision number)."""
+    from recruit_trl.teacher_sets import teacher_sets
+
+    sets, metadata = teacher_sets(interface, config, root, progress=progress)
+
+    def rows(split: str) -> list[dict[str, Any]]:
+        return [{**row, "day": row["decision"]} for row in sets[split]]
+
+    train, heldout = rows("train"), rows("heldout")
+    stats = {
+        "data": "teacher_sets",
+        "teacher": config.teacher,
+        "train_rows_raw": len(train),
+        "train_rows": len(train),
+        "heldout_rows": len(heldout),
+        "train_action_types": dict(Counter(r["action_type"] for r in train)),
+        "heldout_action_types": dict(Counter(r["action_type"] for r in heldout)),
+        "sets": {"path": str(Path(root) / config.key()), **metadata},
+    }
+    return to_conversational(train), to_conversational(heldout), stats
 
 
 def dagger_rows(

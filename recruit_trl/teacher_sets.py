@@ -3,8 +3,9 @@
 :func:`build_teacher_sets` plays the teacher on every task x seed of three disjoint seed ranges and records, per
 agent decision whose teacher action is a listed candidate, the prompt rendered as the rollouts and the SFT rows
 render it (:func:`recruit_trl.contracts.build_messages`, the ``recent_k`` last digests), the teacher's answer under
-the ``index`` contract (``{"action_index": k}``), the task, the game seed, the decision number and a stratum (the
-interface's optional ``decision_phase(obs, action)``, else the teacher action's type). Each split keeps a sample in
+the ``index`` contract (``{"action_index": k}``), the task, the game seed, the decision number, a stratum (the
+interface's optional ``decision_phase(obs, action)``, else the teacher action's type), the teacher action's type and
+the listed candidates' types. Each split keeps a sample in
 which no stratum holds more than ``max_share`` of the rows (:func:`stratified_sample`): ``train`` (every row the cap
 allows), ``fixed`` and ``heldout`` (a given number of rows). The sets are saved as a ``datasets.DatasetDict``
 (:func:`save_teacher_sets`) beside ``metadata.json`` (seeds, counts per stratum, environment, tasks, teacher).
@@ -70,6 +71,7 @@ class SetConfig:
     recent_k: int = 2
     seed: int = 0
     contract: str = field(default=CONTRACT, init=False)
+    row_format: int = field(default=2, init=False)  # part of the key: sets saved with other columns are rebuilt
 
     def __post_init__(self) -> None:
         split_seeds = [set(self.train_seeds), set(self.fixed_seeds), set(self.heldout_seeds)]
@@ -207,6 +209,7 @@ def _row(interface: EnvInterface, step: Step, task: str, seed: int, stratum: str
         "decision": step.decision,
         "stratum": stratum,
         "action_type": interface.action_type(step.action),
+        "candidate_types": [interface.action_type(c) for c in step.candidates],
     }
 
 

@@ -4,7 +4,9 @@ Both recipes run this pipeline: ``recipes/sft_clinical.py`` on its own (:func:`t
 REINFORCE recipes before RL (:func:`run_warm_start`, into ``<output_dir>/sft``). Its steps:
 
 1. Data: teacher traces on the training seeds (balanced by action type within each task) and the held-out seeds
-   (untouched), as conversational prompt/completion rows (:func:`recruit_trl.sft.build_sft_datasets`); saved to
+   (untouched), as conversational prompt/completion rows (:func:`recruit_trl.sft.build_sft_datasets`), or with
+   ``data="teacher_sets"`` the teacher decision sets' ``train`` and ``heldout`` splits
+   (:func:`recruit_trl.sft.teacher_set_datasets`, the sets kept in ``<output_dir>/dataset/sets``); saved to
    ``<output_dir>/dataset`` and reused on re-runs.
 2. ``SFTTrainer`` trains a LoRA adapter on the completions only (``use_peft`` false: every weight, which suits the
    tiny model, whose LoRA lacks the capacity to condition on the state). For a small vocabulary the loss is the
@@ -47,6 +49,7 @@ from recruit_trl.sft import (
     dagger_rows,
     heldout_report,
     mean_over_tasks,
+    teacher_set_datasets,
     to_conversational,
 )
 from recruit_trl.training import (
@@ -101,7 +104,7 @@ def train_sft(script_args: SFTScriptArguments, training_args: SFTConfig, model_a
         print(f"SFT already finished in {out}; delete the folder to train again")
         return finished
 
-    # 1. Teacher traces -> balanced train / held-out chat datasets (reused when already on disk).
+    # 1. Teacher traces (or decision sets) -> train / held-out chat datasets (reused when already on disk).
     data_dir = out / "dataset"
     stats = read_json(data_dir / "stats.json")
     if stats is not None:
@@ -109,19 +112,7 @@ def train_sft(script_args: SFTScriptArguments, training_args: SFTConfig, model_a
 
         train, heldout = load_from_disk(str(data_dir / "train")), load_from_disk(str(data_dir / "heldout"))
     else:
-        train, heldout, stats = build_sft_datasets(
-            interface,
-            script_args.tasks,
-            parse_int_ranges(script_args.train_seeds),
-            parse_int_ranges(script_args.heldout_seeds),
-            teacher=script_args.teacher,
-            contract=script_args.contract,
-            recent_k=script_args.recent_k,
-            epsilon=script_args.epsilon,
-            max_type_fraction=script_args.max_type_fraction,
-            balance_by="task" if script_args.balance_by_task else None,
-            seed=training_args.seed,
-        )
+        train, heldout, stats = sft_datasets(script_args, interface, data_dir, training_args.seed)
         train.save_to_disk(str(data_dir / "train"))
         heldout.save_to_disk(str(data_dir / "heldout"))
         write_json_atomic(data_dir / "stats.json", stats)
@@ -193,6 +184,82 @@ def train_sft(script_args: SFTScriptArguments, training_args: SFTConfig, model_a
     write_json_atomic(out / "heldout_report.json", report)
     print(json.dumps({k: v for k, v in report.items() if k != "data"}, indent=2))
     return report
+
+
+def benchmark_sft(
+    script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig, report: dict
+) -> dict:
+    """With ``--data teacher_sets``: the benchmark table (:func:`recruit_trl.benchmark.run_benchmark`) of the base
+    model, the trained one, the safe agent and the teacher on the ``fixed`` and ``heldout`` sets (``--heldout_rows``
+    of them when set; free decoding, the constrained teacher match beside it), printed, added to ``report`` and
+    written to ``<output_dir>/benchmark.json`` (reused while the weights are the same). Returns ``report``.
+    """
+    from recruit_trl.benchmark import format_result, run_benchmark
+    from recruit_trl.models import model_fingerprint
+
+    if script_args.data != "teacher_sets":
+        return report
+    interface = get_env_interface(script_args.env)
+    out = Path(training_args.output_dir)
+    base = resolve_model_for(model_args.model_name_or_path, script_args, interface)
+    policies = {"base": f"model:{base}", "sft": f"model:{out}", "safe": "safe"}
+    policies[script_args.teacher] = script_args.teacher
+    config = set_config(script_args, script_args.env, script_args.tasks, script_args.recent_k)
+    key = {
+        "sets": config.key(), "policies": policies, "max_rows": script_args.heldout_rows,
+        "weights": {"base": model_fingerprint(base), "sft": model_fingerprint(out)},
+    }  # fmt: skip
+    cached = read_json(out / "benchmark.json")
+    if isinstance(cached, dict) and cached.get("key") == key:
+        result = cached["result"]
+    else:
+        result = run_benchmark(
+            config, policies, ["fixed", "heldout"], out / "dataset" / "sets", constrained=True,
+            max_rows=script_args.heldout_rows, model_loading=loading_config(model_args),
+        )  # fmt: skip
+        write_json_atomic(out / "benchmark.json", {"key": key, "result": result})
+    print(format_result(result))
+    report["benchmark"] = result["benchmark"]
+    return report
+
+
+def sft_datasets(script_args: SFTScriptArguments, interface: EnvInterface, data_dir: Path, seed: int):
+    """(train, held-out, stats) of ``--data``: teacher traces balanced by action type, or the teacher decision sets
+    (built under ``data_dir/sets``)."""
+    if script_args.data == "teacher_sets":
+        config = set_config(script_args, script_args.env, script_args.tasks, script_args.recent_k)
+        return teacher_set_datasets(interface, config, data_dir / "sets")
+    return build_sft_datasets(
+        interface,
+        script_args.tasks,
+        parse_int_ranges(script_args.train_seeds),
+        parse_int_ranges(script_args.heldout_seeds),
+        teacher=script_args.teacher,
+        contract=script_args.contract,
+        recent_k=script_args.recent_k,
+        epsilon=script_args.epsilon,
+        max_type_fraction=script_args.max_type_fraction,
+        balance_by="task" if script_args.balance_by_task else None,
+        seed=seed,
+    )
+
+
+def set_config(sft: SFTArguments, env: str, tasks: list[str], recent_k: int):
+    """The :class:`recruit_trl.teacher_sets.SetConfig` of ``--data teacher_sets``: the teacher and seeds of ``sft``,
+    the benchmark's sizes (a 100-row fixed set, a 1,000-row held-out set) and ``max_type_fraction`` as the largest
+    share of a stratum."""
+    from recruit_trl.teacher_sets import SetConfig
+
+    return SetConfig(
+        env=env,
+        tasks=tuple(tasks),
+        teacher=sft.teacher,
+        train_seeds=tuple(parse_int_ranges(sft.train_seeds)),
+        fixed_seeds=tuple(parse_int_ranges(sft.fixed_seeds)),
+        heldout_seeds=tuple(parse_int_ranges(sft.heldout_seeds)),
+        max_share=sft.max_type_fraction,
+        recent_k=recent_k,
+    )
 
 
 def run_warm_start(script_args: Any, training_args: Any, model_args: ModelConfig, model_path: str) -> str:

@@ -111,3 +111,13 @@ def test_benchmark_command_on_conquest_duel(built, tmp_path, capsys, warm_model)
         assert model["rows"] == rows and model["invalid"] == round((1 - model["valid"]) * rows)
         assert 0.0 <= model["teacher_match_constrained"] <= 1.0
     assert result["sets"]["key"] == CONFIG.key()
+
+
+def test_rows_list_the_types_of_their_candidates_in_the_prompts_order(built):
+    _, data, _ = built
+    rows = list(data["fixed"])
+    decisions, _ = set_decisions(CONQUEST, rows, "teacher")
+    for row, d in zip(rows, decisions, strict=True):
+        assert row["candidate_types"] == [CONQUEST.action_type(c) for c in d.candidates]
+        assert row["candidate_types"][d.teacher_index] == row["action_type"]
+    assert len({t for row in rows for t in row["candidate_types"]}) > 2  # the sets list several kinds of action

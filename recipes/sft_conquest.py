@@ -1,0 +1,84 @@
+"""SFT on conquest: imitate the teacher's decisions (the teacher decision sets), then benchmark on the fixed and
+held-out sets.
+
+    python recipes/sft_conquest.py                                   # CPU: the tiny model, every weight
+    python recipes/sft_conquest.py --model_name_or_path smollm2      # SmolLM2-135M-Instruct with LoRA
+    accelerate launch recipes/sft_conquest.py --model_name_or_path Qwen/Qwen3-4B --bf16 true --load_in_4bit
+    python recipes/sft_conquest.py --config recipes/sft_conquest.yaml
+
+Top to bottom:
+1. Arguments: ``SFTScriptArguments`` (environment, tasks, teacher, seeds, DAgger) + TRL's ``SFTConfig`` +
+   ``ModelConfig`` through ``TrlParser``, with the conquest defaults below (a named model's own, e.g. ``smollm2``'s,
+   on top).
+2. Data (``--data teacher_sets``): the teacher plays ``classic3`` and ``duel`` on three disjoint seed ranges, every
+   decision is a row (the RL prompt, the answer ``{"action_index": k}``), capped so that no decision phase holds more
+   than ``--max_type_fraction`` of a split: ``train`` (``--train_seeds``), ``fixed`` (100 rows, ``--fixed_seeds``)
+   and ``heldout`` (1,000 rows, ``--heldout_seeds``); saved in ``<output_dir>/dataset/sets``.
+3. ``SFTTrainer`` on the completions (every weight of the tiny model built here; a LoRA adapter for a pretrained
+   or quantised model; ``--use_peft false``: every weight), optional DAgger rounds; the model and tokenizer are
+   saved to ``--output_dir`` (``recruit_trl.warm_start.train_sft``, the pipeline ``recipes/grpo_conquest.py`` runs
+   as its warm start).
+4. Benchmark (``<output_dir>/benchmark.json``, printed): rows, strict JSON, valid index, teacher match and invalid
+   count of the base and the trained model on the fixed and held-out sets, greedy with free decoding, and the teacher
+   match under constrained decoding as a separate column (``recruit_trl.benchmark``).
+
+Re-running the same command resumes: finished steps are read back, an interrupted training continues from its last
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from trl import ModelConfig, SFTConfig, TrlParser
+
+from recruit_trl.protocol import get_env_interface
+from recruit_trl.training import full_finetune, model_defaults, preset_name, resolve_model_for, with_env_tasks
+from recruit_trl.warm_start import SFTScriptArguments, benchmark_sft, sft_defaults, train_sft
+
+# The conquest settings that differ from the SFT pipeline's defaults.
+CONQUEST = {
+    "env": "conquest",
+    "tasks": ["classic3", "duel"],
+    "teacher": "teacher",
+    "data": "teacher_sets",
+    "train_seeds": "0-99",
+    "fixed_seeds": "100-109",
+    "heldout_seeds": "300-359",
+    "max_type_fraction": 0.25,
+    "length_buckets": True,
+    "output_dir": "outputs/sft_conquest",
+    "num_train_epochs": 1,
+    "learning_rate": 1e-3,
+}
+# A named model's settings on top (its rows cost ~1 s each on 2 CPU cores).
+PRESETS = {
+    "smollm2": {
+        "output_dir": "outputs/sft_conquest_smollm2",
+        "max_steps": 60,
+        "per_device_train_batch_size": 8,
+        "learning_rate": 5e-4,
+        "heldout_rows": 300,
+    }
+}
+
+
+def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
+    # Every weight of the tiny model built here (its LoRA lacks the capacity to imitate the teacher), a LoRA adapter
+    # on a pretrained or quantised model; --use_peft false asks for every weight.
+    interface = get_env_interface(script_args.env)
+    base = resolve_model_for(model_args.model_name_or_path, with_env_tasks(script_args, interface), interface)
+    model_args.use_peft = not full_finetune("auto", model_args, base)
+    report = train_sft(script_args, training_args, model_args)
+    return benchmark_sft(script_args, training_args, model_args, report)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, SFTConfig, ModelConfig]:
+    parser = TrlParser((SFTScriptArguments, SFTConfig, ModelConfig))
+    preset = preset_name(sys.argv[1:] if argv is None else argv)
+    parser.set_defaults(**{**sft_defaults(), **model_defaults(), **CONQUEST, **PRESETS.get(preset, {})})
+    return parser.parse_args_and_config(args=argv)
+
+
+if __name__ == "__main__":
+    main(*parse_args())
