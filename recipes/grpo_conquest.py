@@ -14,7 +14,8 @@ Top to bottom (the pipeline is ``recruit_trl.pipeline.run_rl``, the clinical rec
 2. The model: ``tiny`` is built here from the game's texts (tokenizer and a short warm-up) and cached.
 3. Warm start (``recipes/sft_conquest.py``'s pipeline, into ``<output_dir>/sft``): the teacher decision sets
    (``--sft_data teacher_sets``: the teacher plays ``classic3`` and ``duel``; train seeds 0-99, the fixed 100-row set
-   on seeds 100-109, the 1,000-row held-out set on seeds 300-359), supervised fine-tuning on the train rows.
+   on seeds 100-109, the 1,000-row held-out set on seeds 300-359), supervised fine-tuning on the train rows, then a
+   DAgger round (the student plays train seeds, the teacher labels the states it reaches; the better round kept).
 4. GRPO from the warm start with branch rollouts: anchors are the teacher's game states (train seeds,
    ``--anchor_days`` = decision numbers); each of a group's sampled answers is applied to a copy of the same snapshot
    and scored by the final score after the teacher plays the agent's seat to the game's end (``--horizon``), with
@@ -54,7 +55,9 @@ CONQUEST = {
     "sft_max_type_fraction": 0.25,
     "sft_length_buckets": True,
     "sft_epochs": 1.0,
-    "dagger_rounds": 0,
+    "dagger_rounds": 1,  # the student plays, the teacher labels its states: the student learns to recover
+    "dagger_seeds": "0-7",
+    "dagger_epochs": 0.5,
     # GRPO: anchors on the teacher's games (train seeds), continuations by the teacher to the game's end.
     "anchor_policy": "teacher",
     "anchor_seeds": "0-15",
@@ -62,7 +65,7 @@ CONQUEST = {
     "continuation_policy": "teacher",
     "horizon": 5000,
     # Report: held-out games (seeds never used above), decisions on held-out teacher states.
-    "eval_seeds": "1000-1049",
+    "eval_seeds": "1000-1029",  # 200 games a task: --eval_seeds 1000-1199 (a re-run evaluates only)
     "eval_baselines": ["safe", "balanced", "teacher"],
     "eval_constrained": False,
     "decision_seeds": "500-507",
@@ -76,6 +79,7 @@ PRESETS = {
         "sft_batch_size": 8,
         "sft_learning_rate": 5e-4,
         "sft_heldout_rows": 300,
+        "dagger_rounds": 0,  # a round plays whole games: minutes per game for SmolLM2 on CPU
         "anchor_seeds": "0-3",
         "max_steps": 12,
         "per_device_train_batch_size": 8,

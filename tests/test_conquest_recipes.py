@@ -103,7 +103,7 @@ def test_grpo_recipe_pipeline_with_a_tiny_budget(conquest_model, tmp_path):
     flags = [
         "--model_name_or_path", conquest_model, "--output_dir", str(tmp_path), "--tasks", "duel",
         "--sft_train_seeds", "0", "--sft_fixed_seeds", "1", "--sft_heldout_seeds", "2", "--sft_max_steps", "1",
-        "--sft_heldout_rows", "8", "--anchor_seeds", "0", "--anchor_days", "0-20:10",
+        "--dagger_seeds", "0", "--sft_heldout_rows", "8", "--anchor_seeds", "0", "--anchor_days", "0-20:10",
         "--per_device_train_batch_size", "4", "--num_generations", "4", "--max_steps", "1", "--horizon", "20",
         "--eval_seeds", "1000", "--eval_baselines", "safe", "--decision_seeds", "500", "--decision_days", "0-10:10",
         "--decision_rows", "4", "--save_strategy", "no",
@@ -112,6 +112,7 @@ def test_grpo_recipe_pipeline_with_a_tiny_budget(conquest_model, tmp_path):
     assert (tmp_path / "sft" / "model.safetensors").is_file() and (tmp_path / "model.safetensors").is_file()
     assert json.loads((tmp_path / "sft" / "dataset" / "stats.json").read_text())["data"] == "teacher_sets"
     report = json.loads((tmp_path / "report.json").read_text())
+    assert len(report["sft"]["round_selection"]["student_scores"]) == 2  # the default DAgger round was played
     results = {r["policy"]: r for r in report["results"]}
     assert set(results) == {"base", "sft", "grpo", "safe"}
     assert all(r["task"] == "duel" and 0.0 <= r["win_rate"] <= 1.0 for r in results.values())
