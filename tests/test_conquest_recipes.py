@@ -3,15 +3,14 @@ the whole GRPO pipeline (warm start, one GRPO step, report); the rollouts' win r
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from datasets import load_from_disk
+from recipe_files import load_recipe
 
 import recruit_trl.rollout as rollout_mod
 from recruit_trl.anchors import Anchor
@@ -23,15 +22,6 @@ ROOT = Path(__file__).parents[1]
 CONQUEST = get_env_interface("conquest")
 LABELS = ("base", "sft", "safe", "teacher")
 COLUMNS = ("rows", "strict_json", "valid", "teacher_match", "invalid")
-
-
-def load(name: str):
-    """The recipe ``recipes/<name>.py`` as a module."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "recipes" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is created
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +40,7 @@ def conquest_model(tmp_path_factory) -> str:
 
 
 def test_sft_recipe_trains_on_teacher_sets_and_benchmarks(conquest_model, tmp_path):
-    recipe = load("sft_conquest")
+    recipe = load_recipe("sft_conquest")
     flags = [
         "--model_name_or_path", conquest_model, "--tasks", "duel", "--train_seeds", "0", "--fixed_seeds", "1",
         "--heldout_seeds", "2", "--max_steps", "1", "--per_device_train_batch_size", "4", "--heldout_rows", "8",
@@ -86,11 +76,11 @@ def test_sft_recipe_trains_on_teacher_sets_and_benchmarks(conquest_model, tmp_pa
 
 
 def test_recipe_defaults_are_conquests():
-    script_args, training_args, model_args = load("grpo_conquest").parse_args([])
+    script_args, training_args, model_args = load_recipe("grpo_conquest").parse_args([])
     assert (script_args.env, script_args.tasks, script_args.teacher) == ("conquest", ["classic3", "duel"], "teacher")
     assert script_args.sft_data == "teacher_sets" and script_args.anchor_policy == "teacher"
     assert training_args.output_dir == "outputs/grpo_conquest" and model_args.model_name_or_path == "tiny"
-    script_args, training_args, _ = load("sft_conquest").parse_args([])
+    script_args, training_args, _ = load_recipe("sft_conquest").parse_args([])
     assert (script_args.env, script_args.tasks, script_args.teacher) == ("conquest", ["classic3", "duel"], "teacher")
     assert (script_args.data, script_args.heldout_seeds) == ("teacher_sets", "300-359")
     assert training_args.output_dir == "outputs/sft_conquest"
@@ -99,7 +89,7 @@ def test_recipe_defaults_are_conquests():
 def test_grpo_recipe_pipeline_with_a_tiny_budget(conquest_model, tmp_path):
     """Warm start (one SFT step on the teacher sets) -> one GRPO step -> report with the sets' benchmark and the
     rollouts' win rate."""
-    recipe = load("grpo_conquest")
+    recipe = load_recipe("grpo_conquest")
     flags = [
         "--model_name_or_path", conquest_model, "--output_dir", str(tmp_path), "--tasks", "duel",
         "--sft_train_seeds", "0", "--sft_fixed_seeds", "1", "--sft_heldout_seeds", "2", "--sft_max_steps", "1",
@@ -175,3 +165,22 @@ def test_branch_rollout_logs_the_share_of_rows_whose_game_is_won(conquest_model,
     clinical.log_metrics(trainer, [{"valid": 1.0, "action_error": None, "action_type": "recontact"}], 1.0, 4, 1)
     rates = {k for k in logged if k.endswith("_rate")}
     assert rates == {"rollout/fallback_rate", "rollout/invalid_action_rate"}  # the clinical game has no rate metrics
+
+
+@pytest.mark.parametrize("name", ["grpo_conquest", "sft_conquest"])
+def test_yaml_configs_parse_and_keep_the_recipe_settings(name):
+    """The example YAML of each conquest recipe parses, and every setting it shares with the recipe's CONQUEST dict
+    has the recipe's value (the file and the defaults do not drift apart)."""
+    import yaml
+
+    recipe = load_recipe(name)
+    path = ROOT / "recipes" / f"{name}.yaml"
+    parsed = recipe.parse_args(["--config", str(path)])
+    values = {k: v for args in parsed for k, v in vars(args).items()}
+    written = yaml.safe_load(path.read_text())
+    assert values["output_dir"] == written["output_dir"]
+    shared = set(written) & set(recipe.CONQUEST) - {"output_dir"}
+    assert shared, "the YAML names none of the recipe's settings"
+    for key in shared:
+        assert written[key] == recipe.CONQUEST[key], key
+        assert values[key] == recipe.CONQUEST[key], key

