@@ -126,9 +126,9 @@ def test_a_planner_that_reads_the_live_environment_continues_branches(toy, monke
 def test_the_toy_environment_trains_through_the_recipes(warm_model, tmp_path):
     """One SFT step and one GRPO step on the toy walk through recipes/grpo_clinical.py's code paths (the environment
     is a flag), then its decision-level report: nothing in recruit_trl/ knows the walk."""
-    from test_recipes import load
+    from recipe_files import load_recipe
 
-    recipe = load("grpo_clinical")
+    recipe = load_recipe("grpo_clinical")
     flags = [
         "--env", ENV, "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1",
         "--tasks", "near", "far", "--anchor_policy", "random", "--anchor_seeds", "100", "--anchor_days", "0-6:3",
