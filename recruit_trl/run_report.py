@@ -219,14 +219,11 @@ def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
 def set_benchmark(script_args, model_args, policies: dict[str, str], out: Path) -> dict:
     """The benchmark table of ``policies`` on the warm start's teacher decision sets (``fixed`` and ``heldout``,
     ``--sft_heldout_rows`` of each when set; free decoding, the constrained teacher match beside it)."""
-    from recruit_trl.benchmark import run_benchmark
-    from recruit_trl.warm_start import set_config
+    from recruit_trl.warm_start import benchmark_sets, set_config
 
     config = set_config(sft_arguments(script_args), script_args.env, script_args.tasks, script_args.recent_k)
-    return run_benchmark(
-        config, policies, ["fixed", "heldout"], out / "sft" / "dataset" / "sets", constrained=True,
-        max_rows=script_args.sft_heldout_rows, model_loading=loading_config(model_args),
-    )  # fmt: skip
+    data_dir = out / "sft" / "dataset"
+    return benchmark_sets(config, policies, data_dir, script_args.sft_heldout_rows, loading_config(model_args))
 
 
 def sft_trained(script_args) -> str | None:

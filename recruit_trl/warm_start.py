@@ -194,7 +194,7 @@ def benchmark_sft(
     of them when set; free decoding, the constrained teacher match beside it), printed, added to ``report`` and
     written to ``<output_dir>/benchmark.json`` (reused while the weights are the same). Returns ``report``.
     """
-    from recruit_trl.benchmark import format_result, run_benchmark
+    from recruit_trl.benchmark import format_result
     from recruit_trl.models import model_fingerprint
 
     if script_args.data != "teacher_sets":
@@ -213,14 +213,24 @@ def benchmark_sft(
     if isinstance(cached, dict) and cached.get("key") == key:
         result = cached["result"]
     else:
-        result = run_benchmark(
-            config, policies, ["fixed", "heldout"], out / "dataset" / "sets", constrained=True,
-            max_rows=script_args.heldout_rows, model_loading=loading_config(model_args),
-        )  # fmt: skip
+        loading = loading_config(model_args)
+        result = benchmark_sets(config, policies, out / "dataset", script_args.heldout_rows, loading)
         write_json_atomic(out / "benchmark.json", {"key": key, "result": result})
     print(format_result(result))
     report["benchmark"] = result["benchmark"]
     return report
+
+
+def benchmark_sets(config, policies: dict[str, str], data_dir: Path, max_rows: int, model_loading: dict) -> dict:
+    """The benchmark table (:func:`recruit_trl.benchmark.run_benchmark`) of ``policies`` on the ``fixed`` and
+    ``heldout`` teacher decision sets of ``config`` kept in ``data_dir/sets`` (``max_rows`` of each when set; free
+    decoding, the constrained teacher match beside it): the SFT recipe's and the RL report's."""
+    from recruit_trl.benchmark import run_benchmark
+
+    return run_benchmark(
+        config, policies, ["fixed", "heldout"], Path(data_dir) / "sets", constrained=True, max_rows=max_rows,
+        model_loading=model_loading,
+    )  # fmt: skip
 
 
 def sft_datasets(script_args: SFTScriptArguments, interface: EnvInterface, data_dir: Path, seed: int):
