@@ -33,6 +33,7 @@ def run_benchmark(
     constrained: bool = False,
     max_rows: int = 0,
     model_loading: dict | None = None,
+    policy_sets: Mapping[str, Sequence[str]] | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Every policy's benchmark table on every chosen set (JSON-serialisable).
@@ -48,6 +49,7 @@ def run_benchmark(
         max_rows: score a fixed random subset of this many rows of a larger set (0: every row); a real model on CPU
             answers about one row a second.
         model_loading: how models are loaded (:func:`recruit_trl.models.loading_config`, e.g. 4-bit).
+        policy_sets: the sets some labels are scored on (a subset of ``sets``; every other label: all of them).
         progress: progress messages and bars.
 
     Returns:
@@ -79,10 +81,11 @@ def run_benchmark(
         teacher_answers = [d.teacher_answer for d in decisions[split]]
         answers[split].update({label: teacher_answers for label, name in labelled.items() if name == config.teacher})
     for label, policy in labelled.items():
-        forced: dict[str, list[str] | None] = dict.fromkeys(sets)
+        scored = [split for split in sets if split in (policy_sets or {}).get(label, sets)]
+        forced: dict[str, list[str] | None] = dict.fromkeys(scored)
         if policy.startswith(MODEL_PREFIX):
             model, tokenizer = _load_model(policy[len(MODEL_PREFIX) :], model_loading)
-            for split in sets:
+            for split in scored:
                 prompts = [d.messages for d in decisions[split]]
                 start = time.perf_counter()
                 answers[split][label] = greedy_answers(
@@ -96,17 +99,18 @@ def run_benchmark(
                         progress=progress,
                     )  # fmt: skip
             del model
-        for split in sets:
+        for split in scored:
             table = benchmark_table(
                 decisions[split], answers[split][label], interface, constrained_answers=forced[split]
             )
             benchmark.setdefault(split, {})[label] = table
+    scored_sets = {label: list(splits) for label, splits in (policy_sets or {}).items()}
     return {
         "benchmark": benchmark,
         "seconds": seconds,
         "sets": metadata,
         "config": {"policies": labelled, "sets": list(sets), "data": str(Path(root) / config.key()),
-                   "constrained": constrained, "max_rows": max_rows},
+                   "constrained": constrained, "max_rows": max_rows, "policy_sets": scored_sets},
     }  # fmt: skip
 
 
@@ -126,5 +130,7 @@ def format_result(result: dict[str, Any]) -> str:
     blocks = []
     for split, tables in result["benchmark"].items():
         rows, strata = result["sets"]["rows"][split], result["sets"]["strata"][split]
-        blocks.append(f"set {split} ({rows} rows; strata {strata})\n{format_benchmark(tables)}")
+        scored = max((t["rows"] for t in tables.values()), default=rows)
+        size = f"{rows} rows" if scored == rows else f"{scored} of {rows} rows"  # --max-rows: a fixed subset
+        blocks.append(f"set {split} ({size}; strata {strata})\n{format_benchmark(tables)}")
     return "\n\n".join(blocks)

@@ -36,16 +36,23 @@ def benchmark_table(
         are valid and do what the teacher does (:func:`recruit_trl.traces.same_action`); ``invalid``: count of rows
         not valid; ``errors``: the parser's reasons, counted; ``majority_baseline``: share of the teacher's most
         common answer (``majority_answer``), i.e. the teacher match of always giving it; with
-        ``constrained_answers``, ``teacher_match_constrained``; with ``by_task``, the same per task (``by_task``).
+        ``constrained_answers``, ``teacher_match_constrained``; ``teacher_match_by_type``: ``[teacher match,
+        rows]`` per teacher's action type; ``predicted_types``: the valid answers' action types, counted; with
+        ``by_task``, the same per task (``by_task``).
     """
     n = len(decisions)
     strict = valid = match = 0
+    hits: list[int] = []
     errors: Counter = Counter()
+    predicted: Counter = Counter()  # the valid answers' action types: a collapse onto one shows here
     for d, text in zip(decisions, answers, strict=True):
         strict += int(parse_json_object(text)[0] is not None)
         parsed = parse_action(text, d.contract, interface, d.state.obs, d.candidates)
         valid += int(parsed.valid)
-        match += int(parsed.valid and same_action(interface, parsed.action, d.teacher_action))
+        if parsed.valid:
+            predicted[interface.action_type(parsed.action)] += 1
+        hits.append(int(parsed.valid and same_action(interface, parsed.action, d.teacher_action)))
+        match += hits[-1]
         if not parsed.valid:
             errors[parsed.error] += 1
     majority, majority_rows = Counter(d.teacher_answer for d in decisions).most_common(1)[0] if n else ("", 0)
@@ -62,6 +69,13 @@ def benchmark_table(
     if constrained_answers is not None:
         constrained = benchmark_table(decisions, constrained_answers, interface, by_task=False)
         table["teacher_match_constrained"] = constrained["teacher_match"]
+    by_type: dict[str, list[int]] = {}  # the teacher's action type -> [matches, rows]
+    for d, hit in zip(decisions, hits, strict=True):
+        cell = by_type.setdefault(interface.action_type(d.teacher_action), [0, 0])
+        cell[0] += hit
+        cell[1] += 1
+    table["teacher_match_by_type"] = {t: [_share(m, r), r] for t, (m, r) in sorted(by_type.items())}
+    table["predicted_types"] = dict(sorted(predicted.items()))
     if by_task:
         table["by_task"] = {}
         for task in dict.fromkeys(d.task for d in decisions):

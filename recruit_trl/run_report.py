@@ -190,6 +190,7 @@ def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
         "days": script_args.decision_days, "rows": script_args.decision_rows, "teacher": script_args.teacher,
         "tasks": list(script_args.tasks), "contract": script_args.contract, "recent_k": script_args.recent_k,
         "continuation": script_args.continuation_policy, "model_loading": loading_config(model_args),
+        "benchmark": [script_args.benchmark_constrained, script_args.benchmark_base_heldout],
         "sft": {k: v for k, v in vars(sft_arguments(script_args)).items()},
         "env": script_args.env, "weights": {
             label: model_fingerprint(p[len("model:") :]) for label, p in policies.items() if p.startswith("model:")
@@ -218,12 +219,16 @@ def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
 
 def set_benchmark(script_args, model_args, policies: dict[str, str], out: Path) -> dict:
     """The benchmark table of ``policies`` on the warm start's teacher decision sets (``fixed`` and ``heldout``,
-    ``--sft_heldout_rows`` of each when set; free decoding, the constrained teacher match beside it)."""
+    ``--sft_heldout_rows`` of each when set; free decoding, the constrained teacher match beside it with
+    ``--benchmark_constrained``; the base model on the held-out set too with ``--benchmark_base_heldout``)."""
     from recruit_trl.warm_start import benchmark_sets, set_config
 
     config = set_config(sft_arguments(script_args), script_args.env, script_args.tasks, script_args.recent_k)
     data_dir = out / "sft" / "dataset"
-    return benchmark_sets(config, policies, data_dir, script_args.sft_heldout_rows, loading_config(model_args))
+    return benchmark_sets(
+        config, policies, data_dir, script_args.sft_heldout_rows, loading_config(model_args),
+        constrained=script_args.benchmark_constrained, base_heldout=script_args.benchmark_base_heldout,
+    )  # fmt: skip
 
 
 def sft_trained(script_args) -> str | None:

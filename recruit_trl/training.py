@@ -196,6 +196,16 @@ class ReportArguments:
     decision_rows: int = field(
         default=100, metadata={"help": "Decisions in the report: a fixed subset stratified by task and action type."}
     )
+    benchmark_constrained: bool = field(
+        default=True,
+        metadata={"help": "The set benchmark (--sft_data teacher_sets) also decodes constrained to the listed "
+                  "answers: a second decoding pass per model and set."},
+    )  # fmt: skip
+    benchmark_base_heldout: bool = field(
+        default=True,
+        metadata={"help": "The set benchmark scores the base model on the held-out set too (false: on the fixed set "
+                  "only, as the anchor's table)."},
+    )  # fmt: skip
     eval_baselines: list[str] = field(
         default_factory=lambda: ["heuristic", "expert"], metadata={"help": "Environment policies evaluated alongside."}
     )

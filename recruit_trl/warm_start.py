@@ -16,7 +16,9 @@ REINFORCE recipes before RL (:func:`run_warm_start`, into ``<output_dir>/sft``).
    ``<output_dir>/round-K``. The last round's student plays those seeds too, and the round whose student scored
    best is kept (``keep_best_round``): its adapter (or model) and the tokenizer are saved to the output folder.
 4. Held-out report (``<output_dir>/heldout_report.json``): teacher match (also by task and teacher action type),
-   strict-JSON and valid-action rates, predicted vs teacher action-type distributions.
+   strict-JSON and valid-action rates, predicted vs teacher action-type distributions. With ``data="teacher_sets"``
+   the set benchmark scores the held-out rows (:func:`benchmark_sft`; the RL report's), and this report keeps the
+   data's and the model's facts only.
 
 Every step's output is vouched for by a marker written after it (atomically): the held-out report for the whole run,
 ``stats.json`` for the data, ``info.json`` for a DAgger round's rows. A marker that is missing or torn, or weights
@@ -171,12 +173,16 @@ def train_sft(script_args: SFTScriptArguments, training_args: SFTConfig, model_a
     model.save_pretrained(training_args.output_dir)
     tokenizer.save_pretrained(training_args.output_dir)
 
-    # 3. Held-out report.
+    # 3. Held-out report; the teacher decision sets' held-out split is scored by the set benchmark instead (the
+    # same greedy answers, in benchmark.json or the RL report): a real model on CPU takes about a second a row.
     model.eval()
     tokenizer.padding_side = "left"
-    if 0 < script_args.heldout_rows < len(heldout):  # a fixed subset: a real model on CPU takes ~1 s a row
+    if 0 < script_args.heldout_rows < len(heldout):  # a fixed subset
         heldout = heldout.shuffle(seed=0).select(range(script_args.heldout_rows))
-    report = heldout_report(model, tokenizer, heldout, script_args.contract, interface=interface)
+    if script_args.data == "teacher_sets":
+        report = {"heldout": "scored by the set benchmark"}
+    else:
+        report = heldout_report(model, tokenizer, heldout, script_args.contract, interface=interface)
     report["data"] = stats
     report["model"] = model_summary(model)
     report["dagger"] = dagger
@@ -221,15 +227,24 @@ def benchmark_sft(
     return report
 
 
-def benchmark_sets(config, policies: dict[str, str], data_dir: Path, max_rows: int, model_loading: dict) -> dict:
+def benchmark_sets(
+    config,
+    policies: dict[str, str],
+    data_dir: Path,
+    max_rows: int,
+    model_loading: dict,
+    constrained: bool = True,
+    base_heldout: bool = True,
+) -> dict:
     """The benchmark table (:func:`recruit_trl.benchmark.run_benchmark`) of ``policies`` on the ``fixed`` and
     ``heldout`` teacher decision sets of ``config`` kept in ``data_dir/sets`` (``max_rows`` of each when set; free
-    decoding, the constrained teacher match beside it): the SFT recipe's and the RL report's."""
+    decoding, with ``constrained`` the constrained teacher match beside it; without ``base_heldout`` the ``base``
+    label on the fixed set only, as the anchor's table): the SFT recipe's and the RL report's."""
     from recruit_trl.benchmark import run_benchmark
 
     return run_benchmark(
-        config, policies, ["fixed", "heldout"], Path(data_dir) / "sets", constrained=True, max_rows=max_rows,
-        model_loading=model_loading,
+        config, policies, ["fixed", "heldout"], Path(data_dir) / "sets", constrained=constrained, max_rows=max_rows,
+        model_loading=model_loading, policy_sets=None if base_heldout else {"base": ["fixed"]},
     )  # fmt: skip
 
 

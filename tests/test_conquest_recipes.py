@@ -47,7 +47,9 @@ def test_sft_recipe_trains_on_teacher_sets_and_benchmarks(conquest_model, tmp_pa
         "--save_strategy", "no", "--output_dir", str(tmp_path),
     ]  # fmt: skip
     report = recipe.main(*recipe.parse_args(flags))
-    assert is_trained(tmp_path) and json.loads((tmp_path / "heldout_report.json").read_text())["rows"] == 8
+    # The held-out rows are scored once, by the benchmark; the SFT report keeps the data's and the model's facts.
+    sft_report = json.loads((tmp_path / "heldout_report.json").read_text())
+    assert is_trained(tmp_path) and "rows" not in sft_report and sft_report["data"]["train_rows"] > 0
     stats = json.loads((tmp_path / "dataset" / "stats.json").read_text())
     assert stats["data"] == report["data"]["data"] == "teacher_sets" and stats["train_rows"] > 0
     saved = json.loads((tmp_path / "benchmark.json").read_text())

@@ -98,6 +98,11 @@ def test_benchmark_table_counts_every_kind_of_answer(decisions):
     assert table["majority_answer"] == json.dumps({"action_index": majority})
     assert table["teacher_match_constrained"] == 1.0
     assert sum(part["rows"] for part in table["by_task"].values()) == 6
+    teacher_types = Counter(INTERFACE.action_type(d.teacher_action) for d in rows)
+    assert {t: cell[1] for t, cell in table["teacher_match_by_type"].items()} == teacher_types
+    assert sum(cell[0] * cell[1] for cell in table["teacher_match_by_type"].values()) == pytest.approx(1)
+    valid_types = Counter(INTERFACE.action_type(a) for a in (rows[0].teacher_action, rows[1].candidates[other]))
+    assert table["predicted_types"] == valid_types  # only the valid answers have an action type
     assert benchmark_table([], [], INTERFACE)["rows"] == 0
 
 

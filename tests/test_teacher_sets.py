@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from recruit_trl.benchmark import format_result, run_benchmark
 from recruit_trl.cli import main
 from recruit_trl.contracts import build_messages
 from recruit_trl.decision_answers import action_answer
@@ -111,6 +112,17 @@ def test_benchmark_command_on_conquest_duel(built, tmp_path, capsys, warm_model)
         assert model["rows"] == rows and model["invalid"] == round((1 - model["valid"]) * rows)
         assert 0.0 <= model["teacher_match_constrained"] <= 1.0
     assert result["sets"]["key"] == CONFIG.key()
+    # A label scored on some sets only (the base model on the fixed set, as the anchor's table), a subset of rows.
+    only_fixed = run_benchmark(
+        CONFIG, {"base": f"model:{warm_model}", "safe": "safe"}, ["fixed", "heldout"], root, max_rows=10,
+        policy_sets={"base": ["fixed"]}, progress=False,
+    )  # fmt: skip
+    assert set(only_fixed["benchmark"]["fixed"]) == {"base", "safe"} and set(only_fixed["benchmark"]["heldout"]) == {
+        "safe"
+    }
+    base = only_fixed["benchmark"]["fixed"]["base"]
+    assert base["rows"] == 10 and "teacher_match_constrained" not in base
+    assert "set heldout (10 of 50 rows" in format_result(only_fixed)
 
 
 def test_rows_list_the_types_of_their_candidates_in_the_prompts_order(built):
