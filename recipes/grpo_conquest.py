@@ -70,6 +70,7 @@ CONQUEST = {
     "eval_constrained": False,
     "decision_seeds": "500-507",
     "decision_days": "0-200:20",
+    "decision_continuations": 4,  # one game's outcome from a state is mostly dice
 }
 # A named model's settings on top. SmolLM2 on 2 CPU cores: ~1.2 s per answer to a 500-token prompt, ~47 s per SFT
 # step of 8 rows; the 45-minute budget holds 12 SFT steps, 6 GRPO steps and ~1,100 scored answers (the benchmark on

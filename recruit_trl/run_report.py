@@ -190,6 +190,7 @@ def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
         "days": script_args.decision_days, "rows": script_args.decision_rows, "teacher": script_args.teacher,
         "tasks": list(script_args.tasks), "contract": script_args.contract, "recent_k": script_args.recent_k,
         "continuation": script_args.continuation_policy, "model_loading": loading_config(model_args),
+        "continuations": script_args.decision_continuations,
         "benchmark": [script_args.benchmark_constrained, script_args.benchmark_base_heldout],
         "sft": {k: v for k, v in vars(sft_arguments(script_args)).items()},
         "env": script_args.env, "weights": {
@@ -209,7 +210,8 @@ def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
     states = sample_decisions(interface, states, script_args.decision_rows)
     result = evaluate_decisions(
         interface, policies, states, reference="sft" if "sft" in policies else script_args.teacher,
-        continuation=script_args.continuation_policy, model_loading=key["model_loading"],
+        continuation=script_args.continuation_policy, continuation_seeds=script_args.decision_continuations,
+        model_loading=key["model_loading"],
     )  # fmt: skip
     if sft_arguments(script_args).data == "teacher_sets":
         result["sets"] = set_benchmark(script_args, model_args, policies, out)

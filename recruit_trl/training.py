@@ -196,6 +196,12 @@ class ReportArguments:
     decision_rows: int = field(
         default=100, metadata={"help": "Decisions in the report: a fixed subset stratified by task and action type."}
     )
+    decision_continuations: int = field(
+        default=1,
+        metadata={"help": "Continuations per state value in the decision-level report, each with its own randomness "
+                  "(the value is their mean): where one outcome is mostly dice, several are needed to compare "
+                  "policies."},
+    )  # fmt: skip
     benchmark_constrained: bool = field(
         default=True,
         metadata={"help": "The set benchmark (--sft_data teacher_sets) also decodes constrained to the listed "
