@@ -72,9 +72,10 @@ CONQUEST = {
     "decision_days": "0-200:20",
     "decision_continuations": 4,  # one game's outcome from a state is mostly dice
 }
-# A named model's settings on top. SmolLM2 on 2 CPU cores: ~1.2 s per answer to a 500-token prompt, ~47 s per SFT
-# step of 8 rows; the 45-minute budget holds 12 SFT steps, 6 GRPO steps and ~1,100 scored answers (the benchmark on
-# 100 fixed + 300 held-out rows for SFT and GRPO, the base model on the fixed rows, state values on 100 states).
+# A named model's settings on top. SmolLM2 on 2 CPU cores: ~1.1 s per answer to a 520-token prompt, ~66 s per SFT
+# step of 8 rows, ~80 s per GRPO step; 45 minutes hold 12 SFT steps, 6 GRPO steps and the report's ~1,180 answers
+# (the benchmark on 100 fixed + 300 held-out rows for SFT and GRPO, the base model on the fixed rows as in the
+# anchor's table, no constrained pass; 93 states for base, SFT and GRPO). See docs/conquest.md.
 PRESETS = {
     "smollm2": {
         "output_dir": "outputs/grpo_conquest_smollm2",
