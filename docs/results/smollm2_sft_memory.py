@@ -1,5 +1,5 @@
-"""Peak memory and time of a few SmolLM2-135M LoRA SFT steps on the conquest teacher rows: the warm start of
-``recipes/sft_conquest.py --model_name_or_path smollm2`` without its benchmark.
+"""Peak memory and time of a few SmolLM2-135M LoRA SFT steps on the conquest teacher rows: ``recipes/sft_conquest.py
+--model_name_or_path smollm2`` without its benchmark.
 
     python docs/results/smollm2_sft_memory.py --output_dir outputs/smollm2_memory
     python docs/results/smollm2_sft_memory.py --output_dir outputs/smollm2_memory_ckpt --gradient_checkpointing true
@@ -16,17 +16,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path("recipes").resolve()))
 import sft_conquest  # noqa: E402
 
-from recruit_trl.protocol import get_env_interface  # noqa: E402
-from recruit_trl.training import full_finetune, resolve_model_for, with_env_tasks  # noqa: E402
-from recruit_trl.warm_start import train_sft  # noqa: E402
-
 if __name__ == "__main__":
+    sft_conquest.benchmark_sft = lambda script_args, training_args, model_args, report: report  # training only
     argv = ["--model_name_or_path", "smollm2", "--max_steps", "3", "--save_steps", "1000", *sys.argv[1:]]
-    script_args, training_args, model_args = sft_conquest.parse_args(argv)
-    interface = get_env_interface(script_args.env)
-    base = resolve_model_for(model_args.model_name_or_path, with_env_tasks(script_args, interface), interface)
-    model_args.use_peft = not full_finetune("auto", model_args, base)
     start = time.time()
-    train_sft(script_args, training_args, model_args)
+    sft_conquest.main(*sft_conquest.parse_args(argv))
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     print(f"peak resident memory {peak_gb:.1f} GB; warm start {time.time() - start:.0f} s")
