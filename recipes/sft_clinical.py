@@ -37,7 +37,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
 
 def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, SFTConfig, ModelConfig]:
     parser = TrlParser((SFTScriptArguments, SFTConfig, ModelConfig))
-    parser.set_defaults(**sft_defaults(), **model_defaults())
+    parser.set_defaults(**sft_defaults(), output_dir="outputs/sft_clinical", **model_defaults())
     return parser.parse_args_and_config(args=argv)
 
 

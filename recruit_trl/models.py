@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,42 @@ def model_summary(model) -> dict[str, Any]:
         "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
         "quantized_layers": sum(type(m).__name__ in ("Linear4bit", "Linear8bitLt") for m in model.modules()),
     }
+
+
+def used_settings(trainer, **arguments) -> dict[str, Any]:
+    """The settings a trainer ran with, read back from the objects they configure, JSON-safe.
+
+    ``trainer``: its config (``TrainingArguments.to_dict()``); ``optimizer``: each parameter group's learning rate
+    before the schedule and its weight decay (``None`` before the optimizer exists); ``global_step``: the optimizer
+    steps its state counts; ``lora``: the adapter configs the model holds (``None`` when every weight trains);
+    ``model``: :func:`model_summary`. Each keyword in
+    ``arguments`` (a dataclass, e.g. the script arguments or TRL's ``ModelConfig``) is added as a dict.
+    """
+    from dataclasses import asdict, is_dataclass
+
+    optimizer = getattr(trainer, "optimizer", None)
+    peft_config = getattr(trainer.model, "peft_config", None)
+    settings = {
+        "trainer": trainer.args.to_dict(),
+        "optimizer": None
+        if optimizer is None
+        else [
+            {"learning_rate": g.get("initial_lr", g["lr"]), "weight_decay": g.get("weight_decay")}
+            for g in optimizer.param_groups
+        ],
+        "global_step": trainer.state.global_step,
+        "lora": None if peft_config is None else {name: cfg.to_dict() for name, cfg in peft_config.items()},
+        "model": model_summary(trainer.model),
+        **{name: asdict(value) if is_dataclass(value) else dict(vars(value)) for name, value in arguments.items()},
+    }
+    return json.loads(json.dumps(settings, default=_jsonable))
+
+
+def _jsonable(value: Any) -> Any:
+    """A JSON value for what ``json`` cannot write: sets as sorted lists, enums as their values, the rest as text."""
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=str)
+    return value.value if isinstance(value, Enum) else str(value)
 
 
 def is_trained(folder: str | Path) -> bool:

@@ -6,16 +6,28 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import PartialState
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_callback import TrainerState
 from trl import GRPOConfig, GRPOTrainer, ModelConfig
 
-from recruit_trl.files import write_json_atomic
-from recruit_trl.models import keep_4bit_layers_trainable, loading_config, model_summary
+from recruit_trl.files import read_json, write_json_atomic
+from recruit_trl.models import (
+    ADAPTER_CONFIG,
+    is_adapter,
+    is_trained,
+    keep_4bit_layers_trainable,
+    load_trainable,
+    loading_config,
+    model_summary,
+    used_settings,
+)
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout import make_rollout
-from recruit_trl.run_report import report_run, sft_trained, start_baseline_evals
+from recruit_trl.run_report import RL_FINISHED, report_run, sft_trained, start_baseline_evals
 from recruit_trl.training import (
     ScriptArguments,
     last_checkpoint,
@@ -62,7 +74,15 @@ def run_rl(
         background = start_baseline_evals(script_args, training_args, model_args, model_path)
         script_args.sft_adapter = run_warm_start(script_args, training_args, model_args, model_path)
         timings["sft"] = time.perf_counter() - t0
-    model, tokenizer, peft_config = rl_start(script_args, training_args, model_args, model_path)
+    # A finished RL stage (its marker written after the weights and the trainer state) is read back, never trained
+    # further: a re-run of a finished command changes no weights, whatever checkpoints were kept.
+    finished = rl_finished(training_args.output_dir)
+    if finished:
+        model, tokenizer, peft_config = finished_rl_model(training_args, model_path)
+        print(f"RL already finished in {training_args.output_dir}; its weights are read back, not trained further "
+              "(another --output_dir or an emptied folder trains again)")  # fmt: skip
+    else:
+        model, tokenizer, peft_config = rl_start(script_args, training_args, model_args, model_path)
 
     # 4. Anchors (states the samples start from; on-policy ones are recorded by one process, read by the others),
     # rollouts, rewards and training.
@@ -84,20 +104,51 @@ def run_rl(
         rollout_func=rollout,
     )
     keep_4bit_layers_trainable(trainer.model)  # rollouts generate in eval mode; see its docstring (CPU QLoRA)
-    t0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=last_checkpoint(training_args.output_dir))
-    timings["rl"] = time.perf_counter() - t0
-    trainer.save_model(training_args.output_dir)
-    trainer.save_state()  # trainer_state.json: every logged metric, step by step
-    if trainer.accelerator.is_main_process:
-        info = {
-            "base_model": model_path, "world_size": trainer.accelerator.num_processes, "anchors": len(dataset),
-            "model": model_summary(trainer.model), "sft_trained": sft_trained(script_args),
-        }  # fmt: skip
-        write_json_atomic(Path(training_args.output_dir, "run_info.json"), info)
+    if finished:
+        trainer.state = TrainerState.load_from_json(str(Path(training_args.output_dir, TRAINER_STATE_NAME)))
+    else:
+        t0 = time.perf_counter()
+        trainer.train(resume_from_checkpoint=last_checkpoint(training_args.output_dir))
+        timings["rl"] = time.perf_counter() - t0
+        trainer.save_model(training_args.output_dir)
+        trainer.save_state()  # trainer_state.json: every logged metric, step by step
+        if trainer.accelerator.is_main_process:
+            info = {
+                "base_model": model_path, "world_size": trainer.accelerator.num_processes, "anchors": len(dataset),
+                "model": model_summary(trainer.model), "sft_trained": sft_trained(script_args),
+                "arguments": used_settings(trainer, script=script_args, model_config=model_args),
+            }  # fmt: skip
+            write_json_atomic(Path(training_args.output_dir, RL_FINISHED), info)  # the marker: written last
+    trainer.accelerator.wait_for_everyone()
 
     # 5. Report: held-out evaluation of base / SFT / RL models and baselines, plots, summary.
     if script_args.report and trainer.accelerator.is_main_process:
         report_run(script_args, training_args, model_args, trainer, model_path, timings, started, background)
     trainer.accelerator.wait_for_everyone()
     return trainer
+
+
+def rl_finished(output_dir: str) -> bool:
+    """Whether RL finished in ``output_dir``: its marker (``run_info.json``, written after the weights and the trainer
+    state) is whole, the trainer state is there and the saved weights open."""
+    folder = Path(output_dir)
+    return (
+        read_json(folder / RL_FINISHED) is not None
+        and read_json(folder / TRAINER_STATE_NAME) is not None
+        and is_trained(folder)
+    )
+
+
+def finished_rl_model(training_args: GRPOConfig, model_path: str) -> tuple[Any, Any, None]:
+    """``(model, tokenizer, None)`` of a finished RL stage, read back from ``--output_dir``: its LoRA adapter on the
+    model it was trained on (the base or a fully fine-tuned warm start), trainable as RL left it, or its fully
+    trained model, with the tokenizer saved beside it."""
+    from transformers import AutoTokenizer
+
+    out = training_args.output_dir
+    model: Any = out
+    if is_adapter(out):
+        base = read_json(Path(out, ADAPTER_CONFIG))["base_model_name_or_path"]
+        model = load_trainable(base, out, training_args.model_init_kwargs)
+    tokenizer_path = out if Path(out, "tokenizer_config.json").is_file() else model_path
+    return model, AutoTokenizer.from_pretrained(tokenizer_path, padding_side="left"), None

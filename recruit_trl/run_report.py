@@ -15,6 +15,9 @@ from recruit_trl.models import METADATA_FILE, is_adapter, loading_config, model_
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.training import parse_int_ranges, sft_arguments
 
+# Written last by a finished RL stage: the settings it trained with, read back from the trainer, and the model summary.
+RL_FINISHED = "run_info.json"
+
 
 def report_runs(script_args, training_args, model_args, model_path: str) -> list[tuple[str, str, EvalConfig, Path]]:
     """The report's evaluations as ``(label, policy, config, cache file)``: the base, SFT and RL models greedy (and
@@ -157,6 +160,8 @@ def report_run(
             "eval_sampling": {"temperature": script_args.eval_temperature, "top_p": script_args.eval_top_p},
             "eval_seconds_per_episode": per_episode,
             "eval_in_background": background[1] if background is not None else [],
+            # Every RL setting as the trainer, optimizer and model held it (the warm start's: report["sft"]).
+            "rl_settings": (read_json(out / RL_FINISHED) or {}).get("arguments"),
         },
         "versions": evaluate_versions(),
         "timings_seconds": {k: round(v, 1) for k, v in timings.items()},

@@ -40,7 +40,14 @@ from transformers import AutoTokenizer, Trainer
 from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
 
 from recruit_trl.files import read_json, write_json_atomic
-from recruit_trl.models import is_trained, length_bucketed_batches, load_trainable, loading_config, model_summary
+from recruit_trl.models import (
+    is_trained,
+    length_bucketed_batches,
+    load_trainable,
+    loading_config,
+    model_summary,
+    used_settings,
+)
 from recruit_trl.protocol import EnvInterface, get_env_interface
 from recruit_trl.rollout_config import PromptConfig
 from recruit_trl.sft import (
@@ -66,6 +73,9 @@ from recruit_trl.training import (
     with_env_tasks,
 )
 
+# Written beside each round's weights: the settings its trainer ran with (recruit_trl.models.used_settings).
+SETTINGS_FILE = "training_settings.json"
+
 
 @dataclass
 class SFTScriptArguments(SFTArguments, TaskArguments, PromptConfig):
@@ -78,10 +88,9 @@ class SFTScriptArguments(SFTArguments, TaskArguments, PromptConfig):
 
 
 def sft_defaults() -> dict[str, Any]:
-    """``SFTConfig`` values of the warm start (the SFT recipe's, and the RL recipes' warm start's): CPU-friendly,
-    no hub, no logger."""
+    """``SFTConfig`` values of the warm start (the SFT recipes', and the RL recipes' warm start's): CPU-friendly,
+    no hub, no logger. The output folder is each recipe's own."""
     return {
-        "output_dir": "outputs/sft_clinical",
         "learning_rate": 1e-3,
         "num_train_epochs": 2,
         "per_device_train_batch_size": 16,
@@ -133,7 +142,7 @@ def train_sft(script_args: SFTScriptArguments, training_args: SFTConfig, model_a
     rounds = script_args.dagger_rounds
     data, model, dagger = train, None, []
     for r in range(rounds + 1):
-        round_dir = out if rounds == 0 else out / f"round-{r}"
+        round_dir = round_dirs(out, rounds)[r]
         if r > 0:  # the previous round's student plays; the teacher labels the states it reaches
             previous, cache = out / f"round-{r - 1}", data_dir / f"dagger-{r}"
             data, info = dagger_data(script_args, interface, data, previous, cache, loading)
@@ -159,6 +168,8 @@ def train_sft(script_args: SFTScriptArguments, training_args: SFTConfig, model_a
         )
         trainer.train(resume_from_checkpoint=last_checkpoint(args.output_dir))
         trainer.save_model(args.output_dir)
+        settings = used_settings(trainer, script=script_args, model_config=model_args)
+        write_json_atomic(round_dir / SETTINGS_FILE, settings)
         model = trainer.model
     selected, selection = rounds, None
     if rounds > 0 and script_args.keep_best_round:
@@ -187,9 +198,16 @@ def train_sft(script_args: SFTScriptArguments, training_args: SFTConfig, model_a
     report["model"] = model_summary(model)
     report["dagger"] = dagger
     report["round_selection"] = selection
+    # Each round's settings, as its trainer, optimizer and model held them.
+    report["arguments"] = [read_json(folder / SETTINGS_FILE) for folder in round_dirs(out, rounds)]
     write_json_atomic(out / "heldout_report.json", report)
     print(json.dumps({k: v for k, v in report.items() if k != "data"}, indent=2))
     return report
+
+
+def round_dirs(out: Path, rounds: int) -> list[Path]:
+    """The folders the warm start trains its rounds in: ``out`` itself without DAgger, else ``out/round-K``."""
+    return [out] if rounds == 0 else [out / f"round-{r}" for r in range(rounds + 1)]
 
 
 def benchmark_sft(

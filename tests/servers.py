@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,11 +31,17 @@ START_TIMEOUT = 120.0
 
 
 def start_server(
-    cmd: list[str], port: int, timeout: float = START_TIMEOUT, headers: dict[str, str] | None = None
+    cmd: list[str],
+    port: int,
+    timeout: float = START_TIMEOUT,
+    headers: dict[str, str] | None = None,
+    log: IO[str] | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """Run ``cmd`` (a server listening on ``port``) and return ``(process, url)`` once ``/health`` answers 200.
 
     ``headers`` go with the health checks (e.g. the ``Authorization`` of a server started with ``--token``).
+    ``log``, an open file, receives the server's stdout and stderr, where uvicorn writes its logs (default: this
+    process's).
 
     Raises:
         RuntimeError: the process exited or did not become healthy within ``timeout`` seconds (it is killed).
@@ -43,7 +50,7 @@ def start_server(
 
     # a token in the caller's environment would lock the server (and the tests' plain requests) behind it
     env = {k: v for k, v in os.environ.items() if k != "RECRUIT_TRL_TOKEN"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while True:

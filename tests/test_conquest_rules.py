@@ -1,11 +1,14 @@
 """Rules of the conquest environment checked against an independent reading of the spec (§1-§9, §10.7, §10.8).
 
-The first half of this module is a reference model written only from ``rules.md``: map helpers, set validity,
-trade values, reinforcements, the §8.1 helpers, the FallbackSafeAgent, the balanced policy, the legal action
-enumeration, the §7.3 candidate list with its rendering, and ``Referee``, which follows a game through the public
-API and re-derives from the event stream every draw of the game RNG (dice, reshuffles), the deck position, the
-discard pile, the agent's hand and the shaped reward. The tests drive the environment through its public API
-only (``reset`` options and agent answers) and compare with the model.
+The spec is ``docs/spec/conquest/rules.md`` with its map ``docs/spec/conquest/classic_map.json``. The first half of
+this module is a reference model written only from them: map helpers, set validity, trade values, reinforcements,
+the §8.1 helpers, the FallbackSafeAgent, the balanced policy, the legal action enumeration, the §7.3 candidate list
+with its rendering, and ``Referee``, which follows a game through the public API and re-derives from the event
+stream every draw of the game RNG (dice, reshuffles), the deck position, the discard pile, the agent's hand and the
+shaped reward. The tests drive the environment through its public API only (``reset`` options and agent answers)
+and compare with the model. The numbers the rules' text states (initial armies, the reinforcement minimum and
+divisor, trade values, the card bonus, dice counts, the hand size that forces a trade) are also parsed from
+``rules.md`` (:data:`DOC`) and checked against the engine and the model, so an edit of either side fails a test.
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ from typing import Any
 
 import pytest
 
-conquest = pytest.importorskip("env.conquest")
+import env.conquest as conquest
+from env.conquest import board
+
 ConquestEnv = conquest.ConquestEnv
 
-SPEC_MAP = Path("/work/shared/spec/conquest/classic_map.json")
-if not SPEC_MAP.exists():  # the copy shipped with the environment, for machines without the spec folder
-    SPEC_MAP = Path(__file__).resolve().parents[1] / "env" / "conquest" / "classic_map.json"
-MAP = json.loads(SPEC_MAP.read_text())
+SPEC_DIR = Path(__file__).resolve().parents[1] / "docs" / "spec" / "conquest"
+MAP = json.loads((SPEC_DIR / "classic_map.json").read_text(encoding="utf-8"))
 
 IDS = [t["id"] for t in MAP["territories"]]
 CODES = [t["code"] for t in MAP["territories"]]
@@ -45,6 +48,49 @@ INITIAL_ARMIES = {2: 40, 3: 35, 4: 30, 5: 25, 6: 20}
 TYPE_ORDER = ["trade", "place", "attack", "blitz", "move", "fortify", "end_attack", "end_turn"]
 TASK_SEATS = {"duel": 2, "easy3": 3, "classic3": 3, "classic6": 6}
 TASK_ROUNDS = {"duel": 100, "easy3": 60, "classic3": 100, "classic6": 120}
+
+
+def _rules_doc() -> dict[str, Any]:
+    """The numbers ``rules.md`` states, parsed from its text (whitespace normalised, so line breaks do not matter).
+
+    A sentence reworded so that a pattern no longer matches fails here, naming the fact, rather than passing."""
+    text = " ".join((SPEC_DIR / "rules.md").read_text(encoding="utf-8").split())
+
+    def find(name: str, pattern: str) -> tuple[str, ...]:
+        found = re.search(pattern, text)
+        assert found, f"rules.md no longer states {name} in the expected words ({pattern})"
+        return found.groups()
+
+    (armies,) = find("§4.1 initial armies", r"Initial armies: ((?:\d players \d+, )+\d players \d+)\.")
+    minimum, divisor = find("§5.1 reinforcements", r"`R = max\((\d+), owned_territories // (\d+)\)")
+    (examples,) = find("§5.1 examples", r"Examples: ((?:\d+ territories -> \d+; )?(?:\d+ -> \d+; )+\d+ -> \d+);")
+    first, upto, base, step, after = find(
+        "§5.2 trade values", r"is worth ((?:\d+, )+\d+) for k = 1\.\.(\d+) and `(\d+) \+ (\d+)\*\(k-(\d+)\)`"
+    )
+    (ten,) = find("§10.8 trade values", r"trade values 1\.\.10 = ((?:\d+, )+\d+);")
+    (bonus,) = find("§5.2 territory bonus", r"receives \+(\d+) armies immediately")
+    (mandatory,) = find("§5.2 mandatory trade", r"\*\*mandatory\*\* while the hand holds >= (\d+) cards")
+    (attack,) = find("§5.3 attacker dice", r"`1 <= dice <= min\((\d+), armies\[src\]-1\)`")
+    (defence,) = find("§5.3 defender dice", r"Defender dice `m = min\((\d+), armies\[dst\]\)`")
+    return {
+        "initial_armies": {int(n): int(a) for n, a in re.findall(r"(\d) players (\d+)", armies)},
+        "min_reinforcement": int(minimum),
+        "territories_per_army": int(divisor),
+        "reinforcement_examples": {
+            int(t): int(r) for t, r in re.findall(r"(\d+)(?: territories)? -> (\d+)", examples)
+        },
+        "trade_values_first": [int(v) for v in first.split(", ")],
+        "trade_values_first_k": int(upto),
+        "trade_value_after": (int(base), int(step), int(after)),
+        "trade_values_1_to_10": [int(v) for v in ten.split(", ")],
+        "card_bonus_armies": int(bonus),
+        "mandatory_trade_at": int(mandatory),
+        "attacker_dice": int(attack),
+        "defender_dice": int(defence),
+    }
+
+
+DOC = _rules_doc()
 
 
 # --- pure rules -------------------------------------------------------------------------------------------------
@@ -987,6 +1033,57 @@ def test_trade_values_and_set_validity():
     assert reinforcements(owners, 0) == 7
 
 
+def test_rules_doc_numbers_match_engine_and_model():
+    """The numbers of rules.md §4.1, §5.1, §5.2 and §10.8 equal the engine's constants and this module's model."""
+    assert board.INITIAL_ARMIES == DOC["initial_armies"] == INITIAL_ARMIES
+    assert board.MIN_REINFORCEMENT == DOC["min_reinforcement"]
+    assert board.TERRITORIES_PER_ARMY == DOC["territories_per_army"]
+    assert DOC["reinforcement_examples"]
+    for territories, armies in DOC["reinforcement_examples"].items():
+        assert max(board.MIN_REINFORCEMENT, territories // board.TERRITORIES_PER_ARMY) == armies, territories
+        owned = set(range(0, 42, 2)[:territories])  # every other territory: no continent owned whole
+        assert len(owned) == territories
+        assert reinforcements([0 if t in owned else 1 for t in range(42)], 0) == armies, territories
+    first, k = DOC["trade_values_first"], DOC["trade_values_first_k"]
+    base, step, after = DOC["trade_value_after"]
+    from_5_2 = [first[n - 1] if n <= k else base + step * (n - after) for n in range(1, 11)]
+    assert from_5_2 == DOC["trade_values_1_to_10"], "rules.md §5.2 and §10.8 disagree"
+    assert [board.trade_value(n) for n in range(1, 11)] == DOC["trade_values_1_to_10"]
+    assert [trade_value(n) for n in range(1, 11)] == DOC["trade_values_1_to_10"]
+    assert board.CARD_BONUS_ARMIES == DOC["card_bonus_armies"]
+
+
+def test_rules_doc_dice_counts_hold_in_games():
+    """§5.3: the attacker may roll 1..min(3, armies - 1) dice and the defender rolls min(2, armies), the numbers
+    read from rules.md: the agent's legal attacks at every attack decision, and every battle of every seat."""
+    max_att, max_def = DOC["attacker_dice"], DOC["defender_dice"]
+    decisions = battles = 0
+    seen_att: set[int] = set()
+    seen_def: set[int] = set()
+    for task, seed in (("classic6", 3), ("classic3", 1), ("duel", 0)):
+        env = ConquestEnv(task=task)
+        obs, _ = env.reset(seed=seed)
+        rng = random.Random(seed)
+        while not obs["done"]:
+            if obs["phase"] == "attack":
+                dice: dict[tuple[str, str], list[int]] = {}
+                for a in env.legal_actions():
+                    if a["type"] == "attack":
+                        dice.setdefault((a["from"], a["to"]), []).append(a["dice"])
+                for (src, _dst), counts in dice.items():
+                    assert sorted(counts) == list(range(1, min(max_att, obs["armies"][tix(src)] - 1) + 1))
+                decisions += bool(dice)
+            obs, _, _, _, info = env.step_index(rng.randrange(obs["num_candidates"]))
+            for ev in info["events"]:
+                if ev["type"] == "battle":
+                    assert 1 <= len(ev["att"]) <= max_att and 1 <= len(ev["def"]) <= max_def, ev
+                    seen_att.add(len(ev["att"]))
+                    seen_def.add(len(ev["def"]))
+                    battles += 1
+    assert decisions > 10 and battles > 100
+    assert max(seen_att) == max_att and max(seen_def) == max_def
+
+
 # --- tests: observed games ---------------------------------------------------------------------------------------
 
 
@@ -1172,7 +1269,7 @@ def test_trades_mandatory_at_five_cards_and_bonus_once_per_turn():
     mandatory = 0
     while not ref.obs["done"]:
         v = ref.view()
-        if v.phase == "reinforce" and len(v.hand) >= 5:
+        if v.phase == "reinforce" and len(v.hand) >= DOC["mandatory_trade_at"]:
             assert all(a["type"] == "trade" for a in ref.env.legal_actions())
             assert not ref.env.is_legal(A("place", territory=v.owned()[0], n=1))
             mandatory += 1

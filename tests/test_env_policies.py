@@ -10,7 +10,7 @@ import pytest
 
 from env import STATE_DIM, ClinicalRecruitmentEnv, features, get_policy, heuristic_policy, run_episode
 
-# Reference means over reset seeds 0..19 (shared/spec/reference-results.md).
+# Reference means over reset seeds 0..19 (docs/spec/reference-results.md).
 HEURISTIC_REFERENCE = {"easy_bench": 0.3348, "medium_bench": 0.1471, "hard_bench": 0.1146}
 RANDOM_REFERENCE = {"easy_bench": 0.454, "medium_bench": 0.407, "hard_bench": 0.278}
 

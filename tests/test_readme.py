@@ -10,8 +10,8 @@ from servers import env_server_cmd, free_port, start_server, stop_server
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
-# The README and every page of docs/ except the draft of the next README.
-DOCUMENTS = [README, *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "README.draft.md")]
+# The README and every page of docs/ (the specs under docs/spec/ are not pages of this project: not collected).
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 SNIPPETS = [
     (doc, code) for doc in DOCUMENTS for code in re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S)
 ]

@@ -21,9 +21,8 @@ import yaml
 from servers import free_port, start_server, stop_server
 
 ROOT = Path(__file__).parents[1]
-# README.md and every page of docs/ except the draft of the next README (docs/README.draft.md).
-DRAFTS = {"README.draft.md"}
-DOCUMENTS = ("README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md") if p.name not in DRAFTS))
+# README.md and every page of docs/ (the specs under docs/spec/ are not pages of this project: not collected).
+DOCUMENTS = ("README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")))
 DOCS_TEXT = "\n".join((ROOT / name).read_text() for name in DOCUMENTS)
 BIN = Path(sys.executable).parent
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -17,6 +18,7 @@ from datasets import load_from_disk
 from recipe_files import load_recipe
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
+from trl import GRPOTrainer
 
 import env.clinical.agent  # noqa: F401
 from recruit_trl.models import METADATA_FILE
@@ -51,6 +53,92 @@ def test_grpo_recipe_trains_lora_and_logs_metrics(warm_model, tmp_path):
         assert key in logged[0], key
     assert (tmp_path / "adapter_config.json").is_file()
     assert json.loads((tmp_path / "run_info.json").read_text())["world_size"] == 1
+
+
+class CountingGRPOTrainer(GRPOTrainer):
+    """TRL's trainer counting its optimizer micro-steps (``training_step`` calls) across instances."""
+
+    steps = 0
+
+    def training_step(self, *args, **kwargs):
+        CountingGRPOTrainer.steps += 1
+        return super().training_step(*args, **kwargs)
+
+
+def weights_sha256(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.safetensors"))}
+
+
+@pytest.mark.parametrize("saving", [["--save_strategy", "no"], ["--save_steps", "1"]], ids=["no-saves", "checkpoints"])
+def test_a_finished_run_run_again_trains_no_step_and_changes_no_weight(warm_model, tmp_path, saving):
+    """A re-run of a finished command reads the trained adapter back: no optimizer step, the same weights, whether
+    or not a checkpoint of the last step was kept (resuming from one used to train a step past --max_steps)."""
+    recipe = load_recipe("grpo_clinical")
+    flags = ["--model_name_or_path", warm_model, "--max_steps", "2", "--output_dir", str(tmp_path), *SMALL, *saving]
+    CountingGRPOTrainer.steps = 0
+    first = recipe.main(*recipe.parse_args(flags), trainer_cls=CountingGRPOTrainer)
+    assert CountingGRPOTrainer.steps == 2 and first.state.global_step == 2
+    weights = weights_sha256(tmp_path)
+    assert weights and (tmp_path / "run_info.json").is_file()
+    again = recipe.main(*recipe.parse_args(flags), trainer_cls=CountingGRPOTrainer)
+    assert CountingGRPOTrainer.steps == 2, "the re-run trained"
+    assert again.state.global_step == 2 and again.state.log_history == first.state.log_history
+    assert weights_sha256(tmp_path) == weights
+    assert [n for n, p in again.model.named_parameters() if "lora_B" in n and p.requires_grad]  # read back trainable
+
+
+def test_every_documented_flag_reaches_the_object_it_configures(warm_model, tmp_path):
+    """GRPO, LoRA, warm start (``--sft_*``) and DAgger (``--dagger_*``) flags, each read back from the optimizer,
+    trainer, model or data it configures, and recorded as used in ``run_info.json`` and the SFT report."""
+    recipe = load_recipe("grpo_clinical")
+    flags = [
+        "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--save_strategy", "no",
+        "--report", "false", "--tasks", "hard_bench_stage_30", "--anchor_seeds", "100", "--anchor_days", "0-20:10",
+        "--horizon", "3",
+        "--max_steps", "3", "--learning_rate", "7e-5", "--num_generations", "4", "--per_device_train_batch_size", "8",
+        "--beta", "0.02", "--lora_r", "4",
+        "--teacher", "safe", "--sft_full_finetune", "false", "--sft_train_seeds", "300", "--sft_heldout_seeds", "401",
+        "--sft_learning_rate", "4e-4", "--sft_batch_size", "4", "--sft_max_steps", "3", "--sft_epochs", "1.5",
+        "--sft_max_type_fraction", "0.6", "--dagger_rounds", "1", "--dagger_seeds", "302", "--dagger_epochs", "0.3",
+    ]  # fmt: skip
+    trainer = recipe.main(*recipe.parse_args(flags))
+    # GRPO and LoRA: the optimizer, the trainer's state and the model.
+    assert {g["initial_lr"] for g in trainer.optimizer.param_groups} == {7e-5}
+    assert trainer.state.global_step == 3 and trainer.num_generations == 4 and trainer.beta == 0.02
+    assert "ref" in trainer.model.peft_config  # beta > 0: a frozen reference adapter for the KL term
+    lora_a = [p for n, p in trainer.model.named_parameters() if "lora_A.default" in n]
+    assert lora_a and {p.shape[0] for p in lora_a} == {4} and trainer.model.peft_config["default"].r == 4
+    used = json.loads((tmp_path / "run_info.json").read_text())["arguments"]
+    assert {g["learning_rate"] for g in used["optimizer"]} == {7e-5} and used["global_step"] == 3
+    assert (used["trainer"]["num_generations"], used["trainer"]["beta"], used["lora"]["default"]["r"]) == (4, 0.02, 4)
+    # The warm start: each round's optimizer and trainer, and its data.
+    sft = json.loads((tmp_path / "sft" / "heldout_report.json").read_text())
+    first, dagger = sft["arguments"]
+    for stage in (first, dagger):
+        assert {g["learning_rate"] for g in stage["optimizer"]} == {4e-4}
+    assert first["trainer"]["per_device_train_batch_size"] == 4 and first["global_step"] == 3  # --sft_max_steps
+    assert first["trainer"]["num_train_epochs"] == 1.5 and first["lora"]["default"]["r"] == 4
+    assert dagger["trainer"]["num_train_epochs"] == 0.3 and dagger["trainer"]["max_steps"] == -1  # --dagger_epochs
+    data = tmp_path / "sft" / "dataset"
+    assert set(load_from_disk(str(data / "train"))["seed"]) == {300}
+    assert set(load_from_disk(str(data / "heldout"))["seed"]) == {401}
+    assert set(load_from_disk(str(data / "dagger-1" / "rows"))["seed"]) == {302}
+    stats = json.loads((data / "stats.json").read_text())
+    assert stats["teacher"] == "safe" and max(stats["train_action_types"].values()) <= 0.6 * stats["train_rows"] + 1
+    assert len(sft["dagger"]) == 1 and len(sft["round_selection"]["student_scores"]) == 2  # --dagger_rounds 1
+
+
+def test_sft_recipe_learning_rate_reaches_its_optimizer(warm_model, tmp_path):
+    recipe = load_recipe("sft_clinical")
+    flags = [
+        "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", "--train_seeds", "1",
+        "--heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--save_strategy", "no", "--learning_rate", "2e-4",
+        "--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "4",
+    ]  # fmt: skip
+    report = recipe.main(*recipe.parse_args(flags))
+    (used,) = report["arguments"]
+    assert {g["learning_rate"] for g in used["optimizer"]} == {2e-4}
+    assert (used["trainer"]["gradient_accumulation_steps"], used["trainer"]["per_device_train_batch_size"]) == (2, 4)
 
 
 def test_grpo_recipe_window_mode_runs(warm_model, tmp_path):
@@ -209,7 +297,10 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     ):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     stamps = {p.name: p.stat().st_mtime for p in (tmp_path / "eval").iterdir()}
-    recipe.main(*recipe.parse_args(flags))  # finished: resumes at the last checkpoint, reuses SFT and evaluations
+    weights = weights_sha256(tmp_path)
+    CountingGRPOTrainer.steps = 0
+    recipe.main(*recipe.parse_args(flags), trainer_cls=CountingGRPOTrainer)  # finished: reuses RL, SFT, evaluations
+    assert CountingGRPOTrainer.steps == 0 and weights_sha256(tmp_path) == weights
     assert {p.name: p.stat().st_mtime for p in (tmp_path / "eval").iterdir()} == stamps
     recipe.main(*recipe.parse_args([*flags, "--eval_top_p", "0.9"]))  # another nucleus: only sampled runs redo
     changed = {p.name for p in (tmp_path / "eval").iterdir() if p.stat().st_mtime != stamps[p.name]}
@@ -328,6 +419,8 @@ def test_load_in_4bit_trains_adapters_on_4bit_layers_in_every_stage(warm_model, 
     rl = json.loads((tmp_path / "run_info.json").read_text())["model"]
     for stage in (sft, rl):
         assert stage["trained"] == "adapter" and stage["quantized_layers"] > 0
+    used = json.loads((tmp_path / "run_info.json").read_text())["arguments"]
+    assert used["model_config"]["load_in_4bit"] and used["model"]["quantized_layers"] == rl["quantized_layers"]
     assert sum(type(m).__name__ == "Linear4bit" for m in trainer.model.modules()) == rl["quantized_layers"]
     assert (tmp_path / "adapter_model.safetensors").is_file()
     with pytest.raises(ValueError, match="quantised"):

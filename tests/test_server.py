@@ -465,3 +465,40 @@ def test_loadtest_sends_the_token_and_checks_the_per_client_cap(token_server, sm
     assert json.loads(out.read_text())["result"]["errors"] == 0
     with pytest.raises(SystemExit, match="--max-sessions-per-client 4"):
         loadtest.main(["--url", small_server, "--sessions", "4", "--task", "hard_bench_stage_30"])
+
+
+def test_server_log_has_one_warning_for_invalid_utf8_and_no_token(tmp_path):
+    """A WebSocket text frame that is not UTF-8 closes that connection with 1007 and leaves one warning line in the
+    server's log, no traceback; the server goes on. At log level info with the access log on, no ``?token=`` value
+    reaches the log (HTTP access lines and WebSocket handshake lines), and the other query parameters do."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    secret = "SECRET-t0ken"
+    port = free_port()
+    cmd = env_server_cmd(port, "--token", secret, "--log-level", "info", "--access-log")
+    log = tmp_path / "server.log"
+    with log.open("w") as out:
+        proc, url = start_server(cmd, port, headers={"authorization": f"Bearer {secret}"}, log=out)
+        try:
+            query = f"?seed=7&token={secret}"
+            ws_url = url.replace("http://", "ws://") + "/ws" + query  # a client that cannot set headers
+            with connect(ws_url, proxy=None, compression=None, open_timeout=10) as ws:
+                ws.send(b'{"type": "state", "x": "\xff\xfe"}', text=True)
+                with pytest.raises(ConnectionClosed) as closed:
+                    ws.recv(timeout=10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
+            with _ws_connect(url, additional_headers={"authorization": f"Bearer {secret}"}) as ws:
+                ws.send(json.dumps({"type": "reset", "data": {"seed": 0}}))  # the server goes on
+                assert json.loads(ws.recv(timeout=10))["type"] == "observation"
+            r = httpx.get(url + "/health" + query, headers={"authorization": f"Bearer {secret}"}, trust_env=False)
+            assert r.status_code == 200
+        finally:
+            stop_server(proc)
+    text = log.read_text()
+    assert "Traceback" not in text and "UnicodeDecodeError" not in text, text
+    utf8 = [line for line in text.splitlines() if "UTF-8" in line]
+    assert len(utf8) == 1 and utf8[0].startswith("WARNING"), utf8
+    assert secret not in text, text
+    assert '"WebSocket /ws?seed=7&token=***"' in text, text  # the handshake line (logger uvicorn.error)
+    assert '"GET /health?seed=7&token=*** HTTP/1.1" 200 OK' in text, text  # the access log (uvicorn.access)

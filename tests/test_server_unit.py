@@ -1,11 +1,12 @@
 """In-process checks of env.server (FastAPI TestClient) and env.client: settings, expiry, rate limit, schemas,
 WebSocket errors, RemoteEnv against a stand-in for the reference server (flat replies, no seed), hostile input
 (lone surrogates, huge numbers, non-object reset data), the per-client session cap and the access checks (Host,
-Origin, token)."""
+Origin, token) and the server's log filters (token redaction, one warning line for an invalid-UTF-8 frame)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import time
 import uuid
@@ -538,3 +539,96 @@ def test_serve_refuses_a_non_loopback_bind_without_token(monkeypatch, capsys):
     assert app.state.settings.token == "from-env" and kw["ws_max_size"] > app.state.settings.max_body_bytes
     assert server.main(["--host", "127.0.0.1", "--port", "1", "--token", "t"]) == 0
     assert started[-1][0].state.settings.token == "t"
+
+
+class _Collect(logging.Handler):
+    """Keeps the records it receives, formatted as one text (traceback included, if any)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def text(self) -> str:
+        return "\n".join(self.format(r) for r in self.records)
+
+
+@pytest.fixture()
+def uvicorn_logs():
+    """uvicorn's two loggers with the server's filters installed, at level INFO, into a :class:`_Collect`; all
+    put back afterwards."""
+    from env.server.logs import install_log_filters
+
+    loggers = [logging.getLogger(name) for name in ("uvicorn.access", "uvicorn.error")]
+    saved = [(lg, list(lg.filters), lg.level) for lg in loggers]
+    collect = _Collect()
+    install_log_filters()
+    install_log_filters()  # idempotent
+    for lg in loggers:
+        lg.addHandler(collect)
+        lg.setLevel(logging.INFO)
+    try:
+        yield collect
+    finally:
+        for lg, filters, level in saved:
+            lg.removeHandler(collect)
+            lg.filters[:] = filters
+            lg.setLevel(level)
+
+
+def test_token_is_redacted_from_access_log_records(uvicorn_logs):
+    """``?token=`` values never reach a log line: uvicorn's access record (HTTP) and WebSocket handshake record;
+    the other query parameters, and the record's arguments as uvicorn's access formatter unpacks them, stay."""
+    from uvicorn.logging import AccessFormatter
+
+    from env.server.logs import RedactTokenFilter, redact_token
+
+    path = "/ws?seed=3&token=SECRET&task_id=easy_bench"
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5000", "GET", path, "1.1", 200),
+        None,
+    )
+    assert RedactTokenFilter().filter(record)
+    formatter = AccessFormatter('%(client_addr)s - "%(request_line)s" %(status_code)s', use_colors=False)
+    assert formatter.format(record) == '127.0.0.1:5000 - "GET /ws?seed=3&token=***&task_id=easy_bench HTTP/1.1" 200 OK'
+
+    access = logging.getLogger("uvicorn.access")
+    access.info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5000", "POST", "/reset?token=SECRET&seed=1", "1.1", 200)
+    logging.getLogger("uvicorn.error").info('%s - "WebSocket %s" [accepted]', "127.0.0.1:5001", "/ws?token=SECRET")
+    assert [r.getMessage() for r in uvicorn_logs.records] == [
+        '127.0.0.1:5000 - "POST /reset?token=***&seed=1 HTTP/1.1" 200',
+        '127.0.0.1:5001 - "WebSocket /ws?token=***" [accepted]',
+    ]
+    assert "SECRET" not in uvicorn_logs.text()
+    assert redact_token("/ws?%74oken=SECRET&tokens=1") == "/ws?%74oken=***&tokens=1"  # as parse_qs reads names
+    assert redact_token("/reset?seed=1") == "/reset?seed=1" and redact_token("/health") == "/health"
+
+
+def test_invalid_utf8_frame_is_one_warning_line_without_traceback(uvicorn_logs):
+    """uvicorn reports a text frame that is not UTF-8 with ``logger.exception`` (a traceback): the filter makes it
+    one warning line. Other errors keep their traceback."""
+    from env.server.logs import INVALID_UTF8_MESSAGE
+
+    error = logging.getLogger("uvicorn.error")
+    try:
+        b'{"type": "state", "x": "\xff\xfe"}'.decode()
+    except UnicodeDecodeError:
+        error.exception(INVALID_UTF8_MESSAGE)  # what uvicorn's WebSocket protocol does
+    (record,) = uvicorn_logs.records
+    assert record.levelno == logging.WARNING and record.exc_info is None
+    text = uvicorn_logs.text()
+    assert "Traceback" not in text and len(text.splitlines()) == 1, text
+    assert text.startswith("WARNING uvicorn.error Invalid UTF-8"), text
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        error.exception("Exception in ASGI application")
+    assert uvicorn_logs.records[-1].levelno == logging.ERROR and "Traceback" in uvicorn_logs.text()

@@ -80,7 +80,7 @@ JSON_INSTRUCTIONS = (
     "strategy_change, target_phase, memory_key, memory_query, hypothesis, confidence)."
 )
 
-# Published reference figures (shared/spec/reference-results.md): best reference policy per task, and its LLMs.
+# Published reference figures (docs/spec/reference-results.md): best reference policy per task, and its LLMs.
 REFERENCE_BEST = {"easy_bench": 0.607, "medium_bench": 0.533, "hard_bench": 0.560}
 # The reference's published LLM agents enrolled 3-5 patients per rollout, in rollouts of 15 steps (debug episodes)
 # and of about 30 tool calls (the 180-day horizon never reached): enrolment after as many days compares with them.

@@ -1,4 +1,4 @@
-"""conquest: a deterministic territory-conquest board game environment (``spec/conquest/rules.md``).
+"""conquest: a deterministic territory-conquest board game environment (``docs/spec/conquest/rules.md``).
 
 from env.conquest import ConquestEnv
 env = ConquestEnv(task="classic3")

@@ -53,7 +53,7 @@ def play_until_decision(g: Game) -> None:
 
 
 class ConquestEnv:
-    """The conquest environment (``env/conquest/rules.md`` is the contract; section numbers below refer to it).
+    """The conquest environment (``docs/spec/conquest/rules.md`` is the contract; section numbers below refer to it).
 
     Gymnasium-style contract:
 

@@ -77,7 +77,8 @@ errors and request validation), :mod:`~env.server.episodes` (reset/step/state on
 :mod:`~env.server.schemas` (the static documents), :mod:`~env.server.served` (:class:`ServedEnv`, the
 environments by name), :mod:`~env.server.access` (Host/Origin/token and body-size
 middleware), :mod:`~env.server.app` (:func:`create_app`, the HTTP routes), :mod:`~env.server.ws` (``/ws``) and
-:mod:`~env.server.cli` (:func:`main`).
+:mod:`~env.server.cli` (:func:`main`), which installs the log filters of :mod:`~env.server.logs` (``?token=`` values
+redacted, an invalid-UTF-8 WebSocket frame logged as one warning line).
 
 The names below are imported on first use, so that :mod:`env.server.served` (which environments build their
 descriptor with) and the client need neither FastAPI nor uvicorn.
@@ -94,6 +95,7 @@ _EXPORTS = {
     "env.server.cli": ("build_arg_parser", "main", "ws_transport_limit"),
     "env.server.codec": ("dumps", "dumps_text", "find_lone_surrogate", "loads"),
     "env.server.episodes": ("do_reset", "do_step", "state_payload"),
+    "env.server.logs": ("QuietInvalidUtf8Filter", "RedactTokenFilter", "install_log_filters", "redact_token"),
     "env.server.protocol": (
         "COOKIE_NAME", "ECHO_DEPTH", "INT64_LIMIT", "NO_SESSION", "SEED_LIMIT", "SESSION_LOST", "ApiError",
         "check_action", "check_episode_id", "check_seed", "check_surrogates", "check_task", "parse_json_body",

@@ -9,6 +9,7 @@ import sys
 
 from env.client import TOKEN_ENV, is_loopback
 from env.server.app import create_app
+from env.server.logs import install_log_filters
 from env.server.served import DEFAULT_ENV, ENTRY_POINT_GROUP, find_served
 from env.server.settings import ServerSettings
 
@@ -76,7 +77,8 @@ def ws_transport_limit(max_body_bytes: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv``, check that a non-loopback bind has a token, and serve until stopped; returns 0."""
+    """Parse ``argv``, check that a non-loopback bind has a token, install the log filters of
+    :mod:`env.server.logs` and serve until stopped; returns 0."""
     import uvicorn
 
     parser = build_arg_parser()
@@ -107,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"warning: binding {args.host}: plain HTTP, the token crosses the network in clear", file=sys.stderr)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:%(name)s: %(message)s")
+    install_log_filters()  # no ?token= value in the logs; one warning line for an invalid-UTF-8 WebSocket frame
     uvicorn.run(
         create_app(settings, served),
         host=args.host,
