@@ -169,10 +169,17 @@ def build_anchors(
     return out
 
 
-def anchor_dataset(anchors: Sequence[Anchor]):
-    """A ``datasets.Dataset`` with the anchor key as ``prompt`` plus readable columns (task, seed, day, policy)."""
+def anchor_dataset(anchors: Sequence[Anchor], min_rows: int = 0):
+    """A ``datasets.Dataset`` with the anchor key as ``prompt`` plus readable columns (task, seed, day, policy).
+
+    With ``min_rows``, the anchors are repeated in turn up to at least that many rows: TRL's sampler draws each
+    generation batch's prompts from distinct rows, and episode mode plays few starts (anchors) many times.
+    """
     from datasets import Dataset
 
+    anchors = list(anchors)
+    if anchors and len(anchors) < min_rows:
+        anchors = [anchors[i % len(anchors)] for i in range(min_rows)]
     return Dataset.from_dict(
         {
             "prompt": [a.key() for a in anchors],

@@ -14,6 +14,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import TrainerState
 from trl import GRPOConfig, GRPOTrainer, ModelConfig
 
+from recruit_trl.episode_trainer import episode_trainer
 from recruit_trl.files import read_json, write_json_atomic
 from recruit_trl.models import (
     ADAPTER_CONFIG,
@@ -93,7 +94,12 @@ def run_rl(
             temperature=training_args.temperature, top_p=training_args.top_p,
             states_file=str(Path(training_args.output_dir) / "anchor_states.json"),
             model_loading=loading_config(model_args),
+            # episode mode: enough rows for a generation batch's distinct prompts, however few the starts
+            min_rows=training_args.generation_batch_size // training_args.num_generations
+            if script_args.mode == "episode" else 0,
         )  # fmt: skip
+    if script_args.mode == "episode":  # rows carry their own advantages (recruit_trl.advantages)
+        trainer_cls = episode_trainer(trainer_cls)
     trainer = trainer_cls(
         model=model,
         reward_funcs=get_reward_funcs(script_args.reward_funcs),

@@ -24,7 +24,7 @@ import importlib
 import importlib.metadata
 import json
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 Observation = dict[str, Any]
@@ -169,12 +169,43 @@ class EnvInterface(Protocol):
     # def describe_tasks(self, all_tasks: bool) -> list[dict[str, Any]]: one row per task for
     #     ``recruit-trl tasks`` (the first column its id; ``all_tasks``: also variants outside :meth:`tasks`).
     #     Default: the ids of :meth:`tasks`. See :func:`describe_tasks`.
+    # def episode_outcome(self, obs: Observation, info: Info) -> float: what a finished episode is worth to episode
+    #     mode's episode-level advantage (e.g. conquest's win: 1.0, a loss or a timeout 0.0). Default: the final
+    #     score (0.0 when there is none). See :func:`episode_outcome`.
+    # def potential(self, obs: Observation) -> float: how good a state is, for episode mode's step-level returns
+    #     (the step reward is the potential's change; e.g. conquest's mean of territory and army shares). Default:
+    #     none, and the step reward is the environment's own. See :func:`step_reward`.
+    # def state_key(self, obs: Observation) -> Hashable: what makes two states the same, for episode mode's step
+    #     groups (e.g. conquest leaves out its event log). Default: the whole observation. See :func:`state_key`.
 
 
 def episode_metrics(interface: EnvInterface, obs: Observation, info: Info) -> Mapping[str, float]:
     """The interface's optional ``episode_metrics(obs, info)`` after a step; none by default."""
     metrics = getattr(interface, "episode_metrics", None)
     return metrics(obs, info) if metrics is not None else {}
+
+
+def episode_outcome(interface: EnvInterface, obs: Observation, info: Info) -> float:
+    """The interface's optional ``episode_outcome(obs, info)`` of a finished episode; by default its final score
+    (0.0 when ``info`` has none)."""
+    outcome = getattr(interface, "episode_outcome", None)
+    if outcome is not None:
+        return float(outcome(obs, info))
+    score = interface.final_score(info)
+    return float(score) if score is not None else 0.0
+
+
+def step_reward(interface: EnvInterface, obs_before: Observation, obs: Observation, reward: float) -> float:
+    """A step's reward for episode mode's n-step returns: the change of the interface's optional ``potential(obs)``
+    from ``obs_before`` to ``obs``, else the environment's own ``reward``."""
+    potential = getattr(interface, "potential", None)
+    return float(potential(obs) - potential(obs_before)) if potential is not None else float(reward)
+
+
+def state_key(interface: EnvInterface, obs: Observation) -> Hashable:
+    """The interface's optional ``state_key(obs)``; by default the whole observation, canonically serialised."""
+    key = getattr(interface, "state_key", None)
+    return key(obs) if key is not None else json.dumps(obs, sort_keys=True, default=str)
 
 
 def remote_env(interface: EnvInterface, url: str, task: str, transport: str) -> MultiStepEnv:

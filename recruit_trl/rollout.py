@@ -43,11 +43,21 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from recruit_trl.advantages import AdvantageWeights, decision_advantages
 from recruit_trl.anchors import Anchor, AnchorCache, AnchorState, anchor_from_prompt
 from recruit_trl.continuation import Branch, Scorer, add_components, day_seed, group_seed, last
 from recruit_trl.contracts import ParsedAction, answer_texts, build_messages, digest, parse_action
 from recruit_trl.generation import answer_token_ids, encode_prompt, policy_for_generation, sample
-from recruit_trl.protocol import Action, EnvInterface, episode_metrics, get_env_interface, policy_action
+from recruit_trl.protocol import (
+    Action,
+    EnvInterface,
+    episode_metrics,
+    episode_outcome,
+    get_env_interface,
+    policy_action,
+    state_key,
+    step_reward,
+)
 from recruit_trl.rollout_config import MODES, ROW_FIELDS, PromptConfig, RolloutConfig
 from recruit_trl.traces import same_action
 
@@ -56,6 +66,7 @@ __all__ = [
     "ROLLOUTS",
     "ROW_FIELDS",
     "BranchRollout",
+    "EpisodeRollout",
     "PromptConfig",
     "RolloutConfig",
     "WindowRollout",
@@ -516,9 +527,171 @@ def env_turn_template(tokenizer, chat_template_kwargs: dict) -> tuple[str, str]:
     return before, after
 
 
-ROLLOUTS = {"branch": BranchRollout, "window": WindowRollout}
+class EpisodeRollout(_RolloutBase):
+    """``rollout_func`` for episode mode: the policy's own episodes, every decision a training row with its advantage.
+
+    From each of the first ``episode_groups`` distinct anchors of a call it plays ``num_generations`` episodes of the
+    current policy (sampled as in training), all restored from the anchor's snapshot and re-seeded before decision d
+    from (anchor, optimizer step, rollout seed, d): episodes that choose the same actions are the same episode (common
+    random numbers), so the episodes of a group differ only through the policy's choices. The episodes of all groups
+    are played in lock-step, one ``generate()`` per decision. With ``episode_decisions`` K > 0 the policy plays K
+    decisions and the continuation policy the rest. Every decision gets an advantage
+    (:func:`recruit_trl.advantages.decision_advantages`: the episode's outcome against its group's other episodes,
+    and the n-step return of the environment's potential against decisions at the same state); the call returns as
+    many rows as it got prompts, drawn at random from all the decisions (a decision's prompt and answer as one row:
+    environment text is prompt, never completion), with the advantage in the ``advantage`` field for
+    :class:`recruit_trl.episode_trainer.EpisodeAdvantages`.
+
+    Logged per call: the policy's own outcome, final score and rate metrics over its episodes (``episode/...``, e.g.
+    ``episode/win_rate``), the share of groups whose episodes all had the same outcome, the share of decisions in a
+    step group, decisions per episode, and the rollout's collapse and cost metrics over the decisions.
+    """
+
+    def __init__(self, config: RolloutConfig | None = None, interface: EnvInterface | None = None) -> None:
+        super().__init__(config, interface)
+        self._envs: dict[str, list] = {}  # task -> environments for the episodes played side by side
+
+    def __call__(self, prompts: list, trainer=None, *, model=None, tokenizer=None, generation_config=None, step=None):
+        start = time.perf_counter()
+        tokenizer, step, anchors = self._begin(prompts, trainer, tokenizer, step)
+        size = self._group_size(trainer, anchors)
+        distinct = list(dict.fromkeys(a.key() for a in anchors))[: self.config.episode_groups]
+        groups = [Anchor.from_key(key) for key in distinct]
+        episodes = self.play(trainer, model, tokenizer, generation_config, groups, size, step)
+        weights = AdvantageWeights(self.config.episode_weight, self.config.step_weight, self.config.step_horizon)
+        decisions, group_stats = [], []
+        for g in range(len(groups)):
+            group = episodes[g * size : (g + 1) * size]
+            advantages, stats = decision_advantages(
+                [e["outcome"] for e in group], [e["step_rewards"] for e in group], [e["keys"] for e in group], weights
+            )
+            group_stats.append(stats)
+            for episode, episode_advantages in zip(group, advantages, strict=True):
+                for row, advantage in zip(episode["rows"], episode_advantages, strict=True):
+                    decisions.append({**row, "advantage": advantage})
+        rng = random.Random(group_seed(groups[0], step, self.config.rollout_seed))
+        chosen = rng.sample(decisions, min(len(prompts), len(decisions)))
+        chosen += rng.choices(decisions, k=len(prompts) - len(chosen))  # fewer decisions than rows: some twice
+        out: dict[str, Any] = {
+            "prompt_ids": [r["prompt_ids"] for r in chosen],
+            "completion_ids": [r["completion_ids"] for r in chosen],
+            "logprobs": [r["logprobs"] for r in chosen],
+            "advantage": [r["advantage"] for r in chosen],
+        }
+        out.update(self._extra_fields(chosen))
+        self._log_episodes(trainer, episodes, group_stats, decisions)
+        gen_tokens = sum(len(r["completion_ids"]) for r in decisions)
+        prompt_tokens = sum(len(r["prompt_ids"]) for r in decisions)
+        self.log_metrics(trainer, decisions, time.perf_counter() - start, gen_tokens, len(decisions), prompt_tokens)
+        return out
+
+    def _group_size(self, trainer, anchors: list[Anchor]) -> int:
+        """Episodes per group: the trainer's ``num_generations``, else how often the first anchor is repeated."""
+        if trainer is not None:
+            return trainer.num_generations
+        return sum(1 for a in anchors if a.key() == anchors[0].key())
+
+    def play(self, trainer, model, tokenizer, generation_config, groups: list[Anchor], size: int, step: int):
+        """``size`` episodes of the policy from each anchor of ``groups`` (group after group), in lock-step.
+
+        Returns:
+            One dict per episode: ``rows`` (per decision: ``prompt_ids``, ``completion_ids``, ``logprobs`` and the row
+            fields of the reward functions), ``step_rewards``, ``keys`` (state keys), ``outcome``, ``final_score``,
+            ``rates`` and ``ended`` (the policy or the continuation reached the episode's end).
+        """
+        episodes = []
+        used: Counter = Counter()
+        for anchor in groups:
+            state = self._states([anchor])[0]
+            seed = group_seed(anchor, step, self.config.rollout_seed)
+            for _ in range(size):
+                pool = self._envs.setdefault(anchor.task, [])
+                if used[anchor.task] == len(pool):
+                    pool.append(self.interface.make_env(anchor.task))
+                env = pool[used[anchor.task]]
+                used[anchor.task] += 1
+                env.restore(state.snapshot)
+                episodes.append({
+                    "env": env, "obs": state.obs, "recent": list(state.recent), "day": state.day, "seed": seed,
+                    "info": {}, "done": False, "rows": [], "step_rewards": [], "keys": [],
+                    "totals": {name: 0.0 for name in self.interface.reward_fields},
+                })  # fmt: skip
+        limit = self.config.episode_decisions
+        decision = 0
+        while True:
+            active = [e for e in episodes if not e["done"] and (limit == 0 or decision < limit)]
+            if not active:
+                break
+            t0 = time.perf_counter()
+            candidates = [self.interface.candidate_actions(e["obs"]) for e in active]
+            self.scorer.env_seconds += time.perf_counter() - t0
+            prompt_ids = [
+                self.encode_messages(
+                    tokenizer, build_messages(self.interface, e["obs"], e["recent"], self.config.contract, c)
+                )
+                for e, c in zip(active, candidates, strict=True)
+            ]
+            ids, logps = self._generate(trainer, model, tokenizer, generation_config, prompt_ids, candidates)
+            texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+            for e, cands, prompt, completion, lp, text in zip(active, candidates, prompt_ids, ids, logps, texts,
+                                                                strict=True):  # fmt: skip
+                before = e["obs"]
+                parsed = parse_action(text, self.config.contract, self.interface, before, cands)
+                key = state_key(self.interface, before)
+                e["env"].reseed(day_seed(e["seed"], decision))
+                parsed, (obs, reward, terminated, truncated, info) = self.scorer.apply(e["env"], before, parsed)
+                add_components(e["totals"], self.interface.step_components(before, parsed.action, obs, reward, info))
+                e["rows"].append({
+                    "prompt_ids": prompt, "completion_ids": completion, "logprobs": lp,
+                    "valid": 1.0 if parsed.valid else 0.0,
+                    "action_shaping": self.interface.action_shaping(before, parsed.action) if parsed.valid else None,
+                    "action_type": self.interface.action_type(parsed.action),
+                    "action_error": info.get("last_action_error"), "teacher_match": None,
+                })  # fmt: skip
+                e["step_rewards"].append(step_reward(self.interface, before, obs, reward))
+                e["keys"].append(key)
+                e["recent"] = last([*e["recent"], digest(self.interface, e["day"], parsed.action, info)],
+                                   self.config.recent_k)  # fmt: skip
+                e["obs"], e["info"], e["day"] = obs, info, e["day"] + 1
+                e["done"] = terminated or truncated
+            decision += 1
+        for e in episodes:
+            if not e["done"]:  # cut after episode_decisions: the continuation policy plays to the end
+                _, info, obs = self.scorer.continue_(
+                    e["env"], e["obs"], e["totals"], e["seed"], 1_000_000, first_day=decision
+                )
+                e["info"], e["obs"] = info or e["info"], obs
+            e["final_score"] = self.interface.final_score(e["info"])
+            e["outcome"] = episode_outcome(self.interface, e["obs"], e["info"])
+            e["rates"] = self._rates([(e["obs"], e["info"])])
+            for row in e["rows"]:  # the episode's outcome, for the reward functions TRL logs
+                row.update({name: e["totals"][name] for name in self.interface.reward_fields})
+                row.update(final_score=e["final_score"], rates=e["rates"], scored_steps=len(e["rows"]))
+        return episodes
+
+    def _log_episodes(self, trainer, episodes: list[dict], group_stats: list[dict], decisions: list[dict]) -> None:
+        """The policy's own play over the call's episodes, and the advantages' make-up (``episode/...``)."""
+        log = getattr(trainer, "_log_metric", None)
+        if log is None or not episodes:
+            return
+        n = len(episodes)
+        log("episode/outcome", sum(e["outcome"] for e in episodes) / n)
+        scores = [e["final_score"] for e in episodes if e["final_score"] is not None]
+        if scores:
+            log("episode/final_score", sum(scores) / len(scores))
+        for name in getattr(self.interface, "rate_metrics", ()):
+            log(f"episode/{name}_rate", sum(e["rates"].get(name, 0.0) for e in episodes) / n)
+        log("episode/decisions", sum(len(e["rows"]) for e in episodes) / n)
+        log("episode/zero_variance_groups", sum(s["zero_variance"] for s in group_stats) / len(group_stats))
+        log("episode/step_matched_share", sum(s["matched_share"] for s in group_stats) / len(group_stats))
+        log("episode/advantage_abs", sum(abs(d["advantage"]) for d in decisions) / max(1, len(decisions)))
 
 
-def make_rollout(config: RolloutConfig, interface: EnvInterface | None = None) -> BranchRollout | WindowRollout:
+ROLLOUTS = {"branch": BranchRollout, "window": WindowRollout, "episode": EpisodeRollout}
+
+
+def make_rollout(
+    config: RolloutConfig, interface: EnvInterface | None = None
+) -> BranchRollout | WindowRollout | EpisodeRollout:
     """The rollout function for ``config.mode``."""
     return ROLLOUTS[config.mode](config, interface)

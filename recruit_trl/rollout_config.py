@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from recruit_trl.contracts import CONTRACTS, MAX_NEW_TOKENS
 
-MODES = ("branch", "window")
+MODES = ("branch", "window", "episode")
 # Per-row fields every rollout returns besides the environment's reward components.
 ROW_FIELDS = ("valid", "action_shaping", "final_score", "action_type", "action_error", "scored_steps", "teacher_match")
 
@@ -42,7 +42,12 @@ class PromptConfig:
 class RolloutConfig(PromptConfig):
     """How samples are drawn from the environment (the recipe exposes these as command-line flags)."""
 
-    mode: str = field(default="branch", metadata={"help": "Rollout mode: 'branch' or 'window'."})
+    mode: str = field(
+        default="branch",
+        metadata={"help": "Rollout mode: 'branch' (one decision per row, scored from the anchor's snapshot by a "
+                  "continuation), 'window' (several decisions per completion) or 'episode' (the policy's own "
+                  "episodes, every decision a row, recruit_trl.advantages)."},
+    )  # fmt: skip
     horizon: int = field(
         default=180,
         metadata={"help": "Days played by the continuation policy after the sampled action(s) (180: to the end)."},
@@ -68,6 +73,30 @@ class RolloutConfig(PromptConfig):
                   "compared with (row field teacher_match, for rewards.teacher_match_reward); '' for none."},
     )  # fmt: skip
     window_turns: int = field(default=4, metadata={"help": "Model decisions per completion in window mode."})
+    episode_groups: int = field(
+        default=2,
+        metadata={"help": "Episode mode: groups played per generation batch and process, each of num_generations "
+                  "episodes of the policy from one anchor with the same dice; every decision is a training row, and "
+                  "the batch's rows are drawn from all of them."},
+    )  # fmt: skip
+    episode_decisions: int = field(
+        default=0,
+        metadata={"help": "Episode mode: decisions the policy plays per episode before the continuation policy plays "
+                  "the rest (0: the policy plays the whole episode)."},
+    )  # fmt: skip
+    episode_weight: float = field(
+        default=1.0,
+        metadata={"help": "Episode mode: weight of the episode-level advantage (the outcome against the group's other "
+                  "episodes, leave-one-out)."},
+    )  # fmt: skip
+    step_weight: float = field(
+        default=1.0,
+        metadata={"help": "Episode mode: weight of the step-level advantage (the n-step return of the environment's "
+                  "potential, against decisions at the same state in other episodes, else the group's mean)."},
+    )  # fmt: skip
+    step_horizon: int = field(
+        default=15, metadata={"help": "Episode mode: decisions in the step level's n-step return (0: to the end)."}
+    )
     max_new_tokens: int | None = field(
         default=None, metadata={"help": "Tokens per decision (default: 12 for 'index', 96 for 'json')."}
     )
@@ -93,6 +122,8 @@ class RolloutConfig(PromptConfig):
             raise ValueError(f"self_horizon must be in [0, horizon={self.horizon}], got {self.self_horizon}")
         if self.self_horizon and self.mode != "branch":
             raise ValueError("self_horizon applies to branch mode only")
+        if self.episode_groups < 1 or self.episode_decisions < 0 or self.step_horizon < 0:
+            raise ValueError("episode_groups must be >= 1, episode_decisions and step_horizon >= 0")
 
     @property
     def template_kwargs(self) -> dict:

@@ -254,6 +254,11 @@ class ScriptArguments(ReportArguments, MainJobSFTArguments, WarmStartArguments, 
     """The RL recipes' arguments beyond ``GRPOConfig`` and ``ModelConfig``: the rollout settings, the tasks, the
     warm start, the report (one group each, by inheritance) and the anchors and rewards below."""
 
+    anchor_tasks: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Tasks of the anchors RL trains on (default: --tasks, which the warm start and the report "
+                  "use too)."},
+    )  # fmt: skip
     anchor_seeds: str = field(default="100-107", metadata={"help": "Reset seeds of the anchors (0..99 are for eval)."})
     anchor_days: str = field(default="0-170:10", metadata={"help": "Days of the anchors, e.g. 0-170:10."})
     anchor_policy: str = field(
@@ -360,8 +365,10 @@ def make_anchor_dataset(
     top_p: float = 1.0,
     states_file: str | None = None,
     model_loading: dict | None = None,
+    min_rows: int = 0,
 ):
-    """Anchors over ``args.tasks`` x seeds x days whose prefix does not end the episode, as a Dataset.
+    """Anchors over ``args.anchor_tasks`` (default ``args.tasks``) x seeds x days whose prefix does not end the
+    episode, as a Dataset (repeated up to ``min_rows`` rows: :func:`recruit_trl.anchors.anchor_dataset`).
 
     Args:
         args: the recipe arguments (``anchor_policy``, ``anchor_seeds``, ``anchor_days``, ``tasks``, ...).
@@ -375,6 +382,7 @@ def make_anchor_dataset(
         model_loading: how a recording model is loaded (:func:`recruit_trl.models.loading_config`).
     """
     seeds, days = parse_int_ranges(args.anchor_seeds), parse_int_ranges(args.anchor_days)
+    tasks = list(args.anchor_tasks or args.tasks)
     cache = cache or AnchorCache(interface, recent_k=args.recent_k)
     if args.anchor_policy == "student" or args.anchor_policy.startswith(MODEL_PREFIX):
         path = student if args.anchor_policy == "student" else args.anchor_policy[len(MODEL_PREFIX) :]
@@ -383,13 +391,13 @@ def make_anchor_dataset(
         label = args.anchor_policy if args.anchor_policy.startswith(MODEL_PREFIX) else f"{MODEL_PREFIX}student"
         meta = {
             "model": str(path), "weights": model_fingerprint(path), "env": interface.name, "label": label,
-            "tasks": list(args.tasks), "seeds": seeds, "days": days, "temperature": temperature, "top_p": top_p,
+            "tasks": tasks, "seeds": seeds, "days": days, "temperature": temperature, "top_p": top_p,
             "contract": args.contract, "recent_k": args.recent_k, "model_loading": dict(model_loading or {}),
         }  # fmt: skip
         states = load_states(states_file, meta, interface) if states_file else None
         if states is None:
             states = record_anchors(
-                interface, str(path), args.tasks, seeds, days, label=label,
+                interface, str(path), tasks, seeds, days, label=label,
                 contract=args.contract, recent_k=args.recent_k, temperature=temperature, top_p=top_p,
                 model_loading=model_loading,
             )  # fmt: skip
@@ -398,10 +406,10 @@ def make_anchor_dataset(
         cache.pin(states)
         anchors = list(states)
     else:
-        anchors = build_anchors(interface, args.tasks, seeds, days, policy=args.anchor_policy, cache=cache)
+        anchors = build_anchors(interface, tasks, seeds, days, policy=args.anchor_policy, cache=cache)
     if not anchors:
         raise ValueError("No anchors: every (task, seed, day) prefix ended its episode; use earlier --anchor_days.")
-    return anchor_dataset(anchors)
+    return anchor_dataset(anchors, min_rows)
 
 
 def full_finetune(choice: str, model_args: Any, model_path: str) -> bool:

@@ -3,7 +3,7 @@
 This module implements recruit_trl's ``EnvInterface`` protocol for the conquest board game (without importing
 recruit_trl): :data:`CONQUEST`, which the package declares as the entry point ``conquest`` of the
 ``recruit_trl.envs`` group (``pyproject.toml``). The texts, candidates, rewards and scores are the spec's
-(``spec/conquest/rules.md`` sections 6-9); this module only maps them onto the interface.
+(``docs/spec/conquest/rules.md`` sections 6-9); this module only maps them onto the interface.
 
 Design: the plugin asks for an action's candidates, prompt text and fallback from the observation alone
 (``candidate_actions(obs)``, ``render(obs, recent)``, ``fallback_action(obs)``), but the spec's candidate list needs
@@ -36,6 +36,7 @@ server plays models.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -224,6 +225,23 @@ class ConquestInterface:
             "rounds": float(min(obs["round"], obs["max_rounds"])),
             "territories": float(obs["territory_counts"][obs["agent_seat"]]),
         }
+
+    def episode_outcome(self, obs: Mapping[str, Any], info: Mapping[str, Any]) -> float:
+        """1.0 for a won game, 0.0 for a loss or a timeout (holding most of the board at the round limit is no win)."""
+        return float(info.get("outcome") == "win")
+
+    def potential(self, obs: Mapping[str, Any]) -> float:
+        """The agent's standing: the mean of its share of the territories and its share of the armies on the board."""
+        seat = obs["agent_seat"]
+        territories = obs["territory_counts"][seat] / max(1, sum(obs["territory_counts"]))
+        armies = obs["army_totals"][seat] / max(1, sum(obs["army_totals"]))
+        return 0.5 * territories + 0.5 * armies
+
+    def state_key(self, obs: Mapping[str, Any]) -> str:
+        """The game state the observation shows, without its event log (and the texts that repeat it): two games
+        that reached the same board, hands, phase and counters by different moves are at the same state."""
+        kept = {k: v for k, v in obs.items() if k not in ("events", "board_text", "candidate_texts")}
+        return json.dumps(kept, sort_keys=True, default=str)
 
     # ------------------------------------------------------------------ rendering
     def render(self, obs: Mapping[str, Any], recent: Sequence[str]) -> str:

@@ -1,0 +1,116 @@
+"""Advantages of episode mode: one number per decision of a group of G episodes played from one start.
+
+A group is G episodes of the current policy from the same state with the same dice (common random numbers), so the
+episodes differ only through the policy's own choices. Three credits, each a pure function of the group:
+
+* **episode level** (:func:`leave_one_out`): every decision of episode i gets ``O_i - mean_{j != i} O_j``, the
+  outcome ``O`` (e.g. conquest's win, 1 or 0; a timeout is not a win) against the other episodes of the group;
+* **step level** (:func:`step_advantages`): the n-step return of a decision (:func:`n_step_returns`: the sum of
+  the next n step rewards, where a step reward is the change of the environment's potential, e.g. conquest's share
+  of territories and armies, or else its own step reward) against a baseline. Decisions taken at identical states
+  across the group (the same state key; GiGPO's step groups) are compared with each other (leave-one-out); a
+  decision whose state no other episode reached is compared with the mean return of the group's decisions;
+* their weighted sum (:func:`decision_advantages`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+
+def leave_one_out(values: Sequence[float]) -> list[float]:
+    """``v_i - mean_{j != i} v_j`` for each value (all zeros for fewer than two values)."""
+    n = len(values)
+    if n < 2:
+        return [0.0] * n
+    total = sum(values)
+    return [v - (total - v) / (n - 1) for v in values]
+
+
+def n_step_returns(step_rewards: Sequence[float], n: int) -> list[float]:
+    """``R_t = r_t + ... + r_{t+n-1}``, cut at the episode's end (``n <= 0``: to the end)."""
+    out, running = [], 0.0
+    suffix = [0.0] * (len(step_rewards) + 1)
+    for t in range(len(step_rewards) - 1, -1, -1):
+        running += step_rewards[t]
+        suffix[t] = running
+    for t in range(len(step_rewards)):
+        end = len(step_rewards) if n <= 0 else min(len(step_rewards), t + n)
+        out.append(suffix[t] - suffix[end])
+    return out
+
+
+def step_advantages(returns: Sequence[Sequence[float]], keys: Sequence[Sequence[Hashable]]) -> list[list[float]]:
+    """Step-level advantages of a group: ``returns[i][t]`` and ``keys[i][t]`` are decision t of episode i.
+
+    Decisions sharing a state key with decisions of *other* episodes form a step group and each gets its return minus
+    the mean return of the rest of its step group; every other decision gets its return minus the mean return of all
+    the group's decisions. (Two visits of one episode to the same state are not a comparison of choices: only
+    visits from different episodes make a step group.)
+    """
+    flat = [r for episode in returns for r in episode]
+    mean = sum(flat) / len(flat) if flat else 0.0
+    members: dict[Hashable, list[tuple[int, int]]] = {}
+    for i, episode in enumerate(keys):
+        for t, key in enumerate(episode):
+            members.setdefault(key, []).append((i, t))
+    out = [[0.0] * len(episode) for episode in returns]
+    for positions in members.values():
+        if len({i for i, _ in positions}) < 2:
+            for i, t in positions:
+                out[i][t] = returns[i][t] - mean
+            continue
+        total = sum(returns[i][t] for i, t in positions)
+        for i, t in positions:
+            out[i][t] = returns[i][t] - (total - returns[i][t]) / (len(positions) - 1)
+    return out
+
+
+@dataclass
+class AdvantageWeights:
+    """How the credits add up: ``episode`` x episode level + ``step`` x step level, the step level over ``horizon``
+    decisions (0: to the episode's end)."""
+
+    episode: float = 1.0
+    step: float = 1.0
+    horizon: int = 15
+
+
+def decision_advantages(
+    outcomes: Sequence[float],
+    step_rewards: Sequence[Sequence[float]],
+    keys: Sequence[Sequence[Hashable]],
+    weights: AdvantageWeights,
+) -> tuple[list[list[float]], dict[str, float]]:
+    """The advantage of every decision of a group, and what went into them.
+
+    Args:
+        outcomes: the G episodes' outcomes.
+        step_rewards: per episode, each decision's step reward.
+        keys: per episode, each decision's state key.
+        weights: the weights of the two levels and the step level's horizon.
+
+    Returns:
+        ``(advantages, stats)``: per episode, one advantage per decision; ``stats`` holds ``zero_variance`` (1.0 when
+        every outcome is the same), ``matched_share`` (the share of decisions in a step group of two or more
+        episodes) and ``decisions``.
+    """
+    episode_level = leave_one_out(outcomes)
+    returns = [n_step_returns(rewards, weights.horizon) for rewards in step_rewards]
+    step_level = step_advantages(returns, keys)
+    advantages = [
+        [weights.episode * episode_level[i] + weights.step * a for a in step_level[i]] for i in range(len(outcomes))
+    ]
+    owners: dict[Hashable, set[int]] = {}
+    for i, episode in enumerate(keys):
+        for key in episode:
+            owners.setdefault(key, set()).add(i)
+    decisions = sum(len(episode) for episode in keys)
+    matched = sum(1 for episode in keys for key in episode if len(owners[key]) > 1)
+    stats = {
+        "zero_variance": float(len(set(outcomes)) <= 1),
+        "matched_share": matched / decisions if decisions else 0.0,
+        "decisions": float(decisions),
+    }
+    return advantages, stats
