@@ -111,6 +111,9 @@ def _add_eval(subparsers: argparse._SubParsersAction) -> None:
         "--constrained", action="store_true", help="constrained decoding: models can only answer a listed candidate"
     )
     p.add_argument("--batch-size", type=int, default=64, help="episodes per batched generate() call")
+    p.add_argument(
+        "--workers", type=int, default=1, help="processes playing the episodes, each every n-th seed, one thread each"
+    )
     p.add_argument("--json", help="write {results, config, versions} to this file")
     p.add_argument("--plot", help="write a PNG comparing the policies' final scores")
     p.add_argument("--trace", help="write every decision (action, teacher's action, outcome) as JSON lines here")
@@ -136,6 +139,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_p=args.top_p,
         batch_size=args.batch_size,
+        workers=args.workers,
         constrained=args.constrained,
     )
     report = evaluate(args.policy, config, progress=not args.no_progress, trace_path=args.trace)

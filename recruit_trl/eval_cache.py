@@ -41,7 +41,8 @@ def cache_key(policy: str, config: EvalConfig, label: str) -> dict[str, Any]:
 
     The policy, its label in the rows, the fingerprint of a ``model:PATH`` policy's weights, configs and tokenizer
     (:func:`recruit_trl.models.model_fingerprint`: a re-run that trains further into the same folder is evaluated
-    again), every setting of ``config`` but those that say where the episodes run (``env_url``, ``transport``), and
+    again), every setting of ``config`` but those that say where the episodes run (``env_url``, ``transport``,
+    ``workers``), and
     the rows' :data:`EVAL_SCHEMA`. JSON values, compared with the file's top-level fields.
     """
     from recruit_trl.evaluate import with_tasks
@@ -49,7 +50,7 @@ def cache_key(policy: str, config: EvalConfig, label: str) -> dict[str, Any]:
     settings = {
         k: (list(v) if isinstance(v, tuple | range) else v)
         for k, v in with_tasks(config).__dict__.items()
-        if k not in ("env_url", "transport")
+        if k not in ("env_url", "transport", "workers")
     }
     weights = model_fingerprint(policy[len("model:") :]) if policy.startswith("model:") else None
     return {"policy": policy, "label": label, "weights": weights, **settings, "schema": EVAL_SCHEMA}

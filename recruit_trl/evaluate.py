@@ -107,6 +107,9 @@ class EvalConfig:
     policy_seed: int = 0
     max_new_tokens: int | None = None
     constrained: bool = False  # models answer only with a listed candidate (recruit_trl.generation, allowed=)
+    # Processes that play the episodes, each every workers-th seed with one torch thread (1: this process). The
+    # episodes are the same; a model's batches hold other episodes side by side.
+    workers: int = 1
     # How models are loaded (recruit_trl.models.loading_config: dtype, attention, 4-bit), as in training.
     model_loading: dict = field(default_factory=dict)
 
@@ -319,6 +322,35 @@ class Evaluator:
         log.score_terms = score_terms(env) if score_terms is not None else None
 
 
+def run_in_workers(config: EvalConfig, name: str, progress: Callable[[int], None] | None = None) -> list[EpisodeLog]:
+    """``name``'s episodes over ``config``'s tasks and seeds, played by ``config.workers`` spawned processes (one torch
+    thread each, every workers-th seed), in task and seed order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    seeds = list(config.seeds)
+    shares = [tuple(seeds[i :: config.workers]) for i in range(min(config.workers, len(seeds)))]
+    logs: list[EpisodeLog] = []
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(len(shares), mp_context=context) as pool:
+        futures = [pool.submit(_play_share, replace(config, seeds=share, workers=1), name) for share in shares]
+        for future in as_completed(futures):
+            part = future.result()
+            logs.extend(part)
+            if progress:
+                progress(len(part))
+    order = {task: k for k, task in enumerate(config.tasks)}
+    return sorted(logs, key=lambda log: (order[log.task], seeds.index(log.seed)))
+
+
+def _play_share(config: EvalConfig, name: str) -> list[EpisodeLog]:
+    """One worker's episodes (:func:`run_in_workers`)."""
+    import torch
+
+    torch.set_num_threads(1)
+    return Evaluator(config).run_policy(name)
+
+
 def with_tasks(config: EvalConfig, interface: EnvInterface | None = None) -> EvalConfig:
     """``config`` with its tasks filled in: the interface's ``tasks()`` when it names none."""
     if config.tasks:
@@ -363,7 +395,10 @@ def evaluate(
         label = labels[k] if labels else name
         start = time.perf_counter()
         evaluator.trace = [] if trace_path is not None else None
-        logs = evaluator.run_policy(name, progress=bar.update if bar else None)
+        if config.workers > 1 and trace_path is None:
+            logs = run_in_workers(config, name, progress=bar.update if bar else None)
+        else:
+            logs = evaluator.run_policy(name, progress=bar.update if bar else None)
         timings[label] = round((time.perf_counter() - start) / max(1, len(logs)), 3)
         results.extend(aggregate(label, logs, name.startswith("model:"), **curves))
         trace += [{"policy": label, **record} for record in evaluator.trace or ()]

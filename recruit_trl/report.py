@@ -37,7 +37,9 @@ CURVE_KEYS = (
     "rollout/action_entropy_normalized",
     "rollout/env_time_share",
     "step_time",
+    "kl",
 )
+EPISODE_PREFIX = "episode/"  # episode mode: the policy's own play (recruit_trl.rollout.EpisodeRollout)
 
 
 def is_rate_curve(key: str) -> bool:
@@ -46,10 +48,12 @@ def is_rate_curve(key: str) -> bool:
 
 
 def training_curves(log_history: Sequence[dict[str, Any]]) -> dict[str, list]:
-    """Per-step series (``step`` plus :data:`CURVE_KEYS` and every action-type share) from ``log_history``."""
+    """Per-step series (``step`` plus :data:`CURVE_KEYS`, every action-type share, rate and ``episode/`` metric) from
+    ``log_history``."""
     rows = [h for h in log_history if "reward" in h and "step" in h]
     curves: dict[str, list] = {"step": [h["step"] for h in rows]}
-    keys = list(CURVE_KEYS) + sorted({k for h in rows for k in h if k.startswith(ACTION_PREFIX) or is_rate_curve(k)})
+    extra = {k for h in rows for k in h if k.startswith((ACTION_PREFIX, EPISODE_PREFIX)) or is_rate_curve(k)}
+    keys = list(CURVE_KEYS) + sorted(extra)
     for key in keys:
         curves[key] = [h.get(key) for h in rows]
     return curves
@@ -138,24 +142,40 @@ def plot_results(
 
 def plot_training(curves: dict[str, list], path: str | Path) -> Path:
     plt = _pyplot()
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True)
+    has_kl = any(v for v in curves.get("kl", []) if v)
+    fig, axes = plt.subplots(3 if has_kl else 2, 1, figsize=(7, 7.5 if has_kl else 5.5), sharex=True)
+    top, bottom = axes[0], axes[1]
     steps = curves["step"]
-    top.plot(steps, curves["reward"], label="mean reward")
+    episodes = "episode/outcome" in curves  # episode mode: the rows' reward is their episode's, so show that
+    top.plot(steps, curves["reward"], label="mean reward of the trained rows")
+    for key, label in (("episode/outcome", "outcome of its own episodes"), ("episode/final_score", "final score")):
+        if any(v is not None for v in curves.get(key, [])):
+            top.plot(steps, curves[key], label=label)
     top.set_ylabel("reward")
     top.legend(loc="best", fontsize=8)
     rates = (
         ("rollout/invalid_action_rate", "invalid-action rate"),
         ("rollout/fallback_rate", "fallback rate"),
-        ("frac_reward_zero_std", "zero-variance groups"),
+        ("episode/zero_variance_groups" if episodes else "frac_reward_zero_std", "zero-variance groups"),
+        ("episode/step_matched_share", "decisions in a step group"),
     )
     outcomes = tuple((k, f"{k[len('rollout/') :]} of the scored games") for k in curves if is_rate_curve(k))
-    for key, label in (*rates, *outcomes):
+    own = tuple(
+        (k, f"{k[len(EPISODE_PREFIX) : -len('_rate')]} rate of its own episodes")
+        for k in curves
+        if k.startswith(EPISODE_PREFIX) and k.endswith("_rate")
+    )
+    for key, label in (*rates, *outcomes, *own):
         if any(v is not None for v in curves.get(key, [])):
             bottom.plot(steps, curves[key], label=label)
     bottom.set_ylabel("fraction")
-    bottom.set_xlabel("optimizer step")
     bottom.set_ylim(-0.02, 1.02)
     bottom.legend(loc="best", fontsize=8)
+    if has_kl:
+        axes[2].plot(steps, curves["kl"], label="KL to the reference")
+        axes[2].set_ylabel("KL")
+        axes[2].legend(loc="best", fontsize=8)
+    axes[-1].set_xlabel("optimizer step")
     fig.suptitle("GRPO training")
     fig.tight_layout()
     return _save(fig, plt, path)

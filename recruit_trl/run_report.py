@@ -38,6 +38,7 @@ def report_runs(script_args, training_args, model_args, model_path: str) -> list
         contract=script_args.contract,
         recent_k=script_args.recent_k,
         constrained=script_args.eval_constrained,
+        workers=eval_workers(script_args),
     )
     runs = []
     for label, policy in policies.items():
@@ -46,6 +47,18 @@ def report_runs(script_args, training_args, model_args, model_path: str) -> list
             sampled = replace(config, temperature=script_args.eval_temperature, top_p=script_args.eval_top_p)
             runs.append((f"{label}-sampled", policy, sampled))
     return [(label, policy, cfg, out / "eval" / f"{label}.json") for label, policy, cfg in runs]
+
+
+def eval_workers(script_args) -> int:
+    """``--eval_workers``; 0: one process per CPU core without a GPU (episodes are single-threaded Python and small
+    models), one with a GPU."""
+    import os
+
+    import torch
+
+    if script_args.eval_workers > 0:
+        return script_args.eval_workers
+    return 1 if torch.cuda.is_available() else max(1, os.cpu_count() or 1)
 
 
 def eval_model_episodes(script_args, model_path: str) -> bool:
@@ -71,7 +84,7 @@ def start_baseline_evals(script_args, training_args, model_args, model_path: str
     if not script_args.report or training_args.world_size > 1 or data_cached:
         return None
     runs = [
-        (label, policy, cfg, str(path))
+        (label, policy, replace(cfg, workers=1), str(path))  # one process: it shares the machine with the warm start
         for label, policy, cfg, path in report_runs(script_args, training_args, model_args, model_path)
         if not policy.startswith("model:") and cached_evaluation(policy, cfg, label, path) is None
     ]

@@ -212,6 +212,11 @@ class ReportArguments:
         metadata={"help": "The set benchmark scores the base model on the held-out set too (false: on the fixed set "
                   "only, as the anchor's table)."},
     )  # fmt: skip
+    eval_workers: int = field(
+        default=0,
+        metadata={"help": "Processes that play the report's held-out episodes, each with one torch thread and every "
+                  "n-th seed (0: one per CPU core without a GPU, else 1)."},
+    )  # fmt: skip
     eval_baselines: list[str] = field(
         default_factory=lambda: ["heuristic", "expert"], metadata={"help": "Environment policies evaluated alongside."}
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -296,3 +297,11 @@ def test_the_evaluation_cache_follows_the_weights_in_a_model_folder(tiny_model, 
     AutoModelForCausalLM.from_config(AutoModelForCausalLM.from_pretrained(folder).config).save_pretrained(folder)
     second = evaluate_cached(f"model:{folder}", config, "grpo", cache, progress=False)["results"]
     assert second == evaluate([f"model:{folder}"], config, labels=["grpo"], progress=False)["results"] != first
+
+
+def test_episodes_played_by_worker_processes_are_the_same_episodes(tiny_model):
+    """--workers / EvalConfig.workers: every n-th seed in another process; the rows are those of one process."""
+    config = EvalConfig(tasks=("hard_bench_stage_30",), seeds=(0, 1, 2))
+    policies = ["heuristic", f"model:{tiny_model}"]
+    one, two = (evaluate(policies, replace(config, workers=w), progress=False)["results"] for w in (1, 2))
+    assert one == two and [r["episodes"] for r in two] == [3, 3]
