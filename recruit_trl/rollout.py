@@ -572,6 +572,10 @@ class EpisodeRollout(_RolloutBase):
         rng = random.Random(group_seed(groups[0], step, self.config.rollout_seed))
         chosen = rng.sample(decisions, min(len(prompts), len(decisions)))
         chosen += rng.choices(decisions, k=len(prompts) - len(chosen))  # fewer decisions than rows: some twice
+        if self.config.shuffle_advantages:  # the control: the same advantages, on other rows
+            shuffled = [r["advantage"] for r in chosen]
+            rng.shuffle(shuffled)
+            chosen = [{**r, "advantage": a} for r, a in zip(chosen, shuffled, strict=True)]
         out: dict[str, Any] = {
             "prompt_ids": [r["prompt_ids"] for r in chosen],
             "completion_ids": [r["completion_ids"] for r in chosen],

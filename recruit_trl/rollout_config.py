@@ -97,6 +97,12 @@ class RolloutConfig(PromptConfig):
     step_horizon: int = field(
         default=15, metadata={"help": "Episode mode: decisions in the step level's n-step return (0: to the end)."}
     )
+    shuffle_advantages: bool = field(
+        default=False,
+        metadata={"help": "Episode mode, a control for measurements: the advantages are shuffled among the rows of "
+                  "each generation batch, so the update has their size but no credit (what training gains beyond "
+                  "it is the credit's)."},
+    )  # fmt: skip
     max_new_tokens: int | None = field(
         default=None, metadata={"help": "Tokens per decision (default: 12 for 'index', 96 for 'json')."}
     )

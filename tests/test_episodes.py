@@ -168,3 +168,15 @@ def test_grpo_recipe_trains_on_its_own_episodes(warm_model, tmp_path):
         assert key in logged, key
     assert logged["episode/decisions"] == 3.0
     assert json.loads((tmp_path / "run_info.json").read_text())["arguments"]["script"]["mode"] == "episode"
+
+
+def test_the_control_shuffles_the_advantages_among_the_rows(tokenizer, monkeypatch):
+    texts = ['{"action_index": 0}', '{"action_index": 1}', '{"action_index": 2}']
+    outs = []
+    for shuffle in (False, True):
+        rollout, prompts, _, _ = play(tokenizer, monkeypatch, texts, episode_decisions=6, shuffle_advantages=shuffle)
+        monkeypatch.setattr(rollout_mod, "sample", ScriptedSampler(tokenizer, texts))
+        outs.append(rollout(prompts, None, model=object(), tokenizer=tokenizer, step=0))
+    plain, control = outs
+    assert plain["prompt_ids"] == control["prompt_ids"] and plain["completion_ids"] == control["completion_ids"]
+    assert sorted(plain["advantage"]) == sorted(control["advantage"]) and plain["advantage"] != control["advantage"]
