@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["EVAL_SCHEMA", "cache_key", "cached_evaluation", "evaluate_cached", "evaluate_cached_runs"]
 
 # Bumped when the result rows gain fields, so that cached evaluations without them are redone.
-EVAL_SCHEMA = 3
+EVAL_SCHEMA = 4
 
 
 def cached_evaluation(policy: str, config: EvalConfig, label: str, path: str | Path) -> dict[str, Any] | None:

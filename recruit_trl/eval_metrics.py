@@ -114,6 +114,15 @@ def aggregate(
             "score_terms_mean": (
                 {k: round(statistics.mean(t[k] for t in terms), 4) for k in terms[0]} if terms and all(terms) else None
             ),
+            # Each episode's seed, final score and rate metrics (e.g. win), in seed order: two policies evaluated on
+            # the same seeds are compared episode by episode (a paired difference).
+            "per_episode": {
+                "seed": [log.seed for log in group],
+                "final_score": [log.final_score for log in group],
+                **{
+                    name: [log.metrics[name][-1] for log in group] for name in rate_metrics if name in group[0].metrics
+                },
+            },
         }
         metrics = _metric_fields(group, curve_metrics, metric_days, rate_metrics)
         clash = sorted(set(metrics) & (set(head) | set(tail)))

@@ -343,6 +343,29 @@ def write_report(
     return paths
 
 
+def paired_differences(results: Sequence[dict[str, Any]], reference: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each policy minus ``reference`` on the same tasks and seeds, episode by episode (the rows' ``per_episode``):
+    ``{task: {policy: {measure: {"diff", "se", "n"}}}}`` for the final score and every rate metric (e.g. win), the se
+    that of the mean of the paired differences. Policies without the reference's seeds are left out."""
+    by_key = {(r["policy"], r["task"]): r.get("per_episode") for r in results}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for (policy, task), episodes in by_key.items():
+        base = by_key.get((reference, task))
+        if policy == reference or not episodes or not base or episodes["seed"] != base["seed"]:
+            continue
+        cells = {}
+        for measure in (k for k in episodes if k != "seed" and k in base):
+            pairs = [(a, b) for a, b in zip(episodes[measure], base[measure], strict=True) if None not in (a, b)]
+            if len(pairs) < 2:
+                continue
+            diffs = [a - b for a, b in pairs]
+            mean = sum(diffs) / len(diffs)
+            var = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
+            cells[measure] = {"diff": round(mean, 4), "se": round((var / len(diffs)) ** 0.5, 4), "n": len(diffs)}
+        out.setdefault(task, {})[policy] = cells
+    return out
+
+
 def summary(report: dict[str, Any], interface: EnvInterface | None = None) -> str:
     """The one-screen summary printed at the end of a run.
 
@@ -381,6 +404,12 @@ def summary(report: dict[str, Any], interface: EnvInterface | None = None) -> st
         lines.append(f"{policy:<12}" + "".join(cells) + f"{v:>8}" + o)
     if any(rate_names(r) for r in results):  # outcomes such as a win: every row's rates, lengths and action mix
         lines += ["", format_table(results)]
+    for task, policies_diff in (report.get("paired") or {}).items():
+        reference = report.get("paired_reference", "?")
+        for policy, cells in policies_diff.items():
+            shown = ", ".join(f"{m} {c['diff']:+.3f} ± {c['se']:.3f}" for m, c in cells.items())
+            lines.append(f"{policy} minus {reference} on {task}, same seeds (n={next(iter(cells.values()))['n']}): "
+                         f"{shown}" if cells else f"{policy} minus {reference} on {task}: -")  # fmt: skip
     references = getattr(interface, "reference_scores", None)
     if references:
         lines.append(f"{'reference':<12}" + "".join(f"{references.get(t, float('nan')):>24.3f}" for t in tasks))

@@ -114,7 +114,7 @@ def report_run(
         started: ``time.perf_counter()`` at the start of the run.
         background: what :func:`start_baseline_evals` returned: its results are waited for and read from the cache.
     """
-    from recruit_trl.report import summary, training_curves, write_report
+    from recruit_trl.report import paired_differences, summary, training_curves, write_report
 
     out = Path(training_args.output_dir)
     t0 = time.perf_counter()
@@ -130,8 +130,12 @@ def report_run(
     decisions = decision_report(script_args, model_args, trainer, model_path) if script_args.eval_decisions else None
     timings["eval_decisions"] = time.perf_counter() - t0
     sft_report = Path(script_args.sft_adapter, "heldout_report.json") if script_args.sft_adapter else None
+    reference = "sft" if any(r["policy"] == "sft" for r in results) else "base"
     report = {
         "results": results,
+        # Every model and baseline minus the SFT start (else the base), episode by episode on the same seeds.
+        "paired": paired_differences(results, reference),
+        "paired_reference": reference,
         "decisions": decisions,
         "training": {"curves": training_curves(trainer.state.log_history), "steps": trainer.state.global_step},
         "sft": read_json(sft_report) if sft_report else None,

@@ -305,3 +305,28 @@ def test_episodes_played_by_worker_processes_are_the_same_episodes(tiny_model):
     policies = ["heuristic", f"model:{tiny_model}"]
     one, two = (evaluate(policies, replace(config, workers=w), progress=False)["results"] for w in (1, 2))
     assert one == two and [r["episodes"] for r in two] == [3, 3]
+
+
+def test_paired_differences_compare_episodes_on_the_same_seeds_by_hand():
+    from recruit_trl.report import paired_differences
+
+    rows = [
+        {"policy": "sft", "task": "duel", "per_episode": {"seed": [1, 2, 3], "final_score": [0.1, 0.5, 1.0],
+                                                          "win": [0.0, 0.0, 1.0]}},
+        {"policy": "grpo", "task": "duel", "per_episode": {"seed": [1, 2, 3], "final_score": [0.2, 0.5, 1.0],
+                                                           "win": [1.0, 0.0, 1.0]}},
+        {"policy": "other", "task": "duel", "per_episode": {"seed": [7, 8, 9], "final_score": [0.0, 0.0, 0.0]}},
+    ]  # fmt: skip
+    paired = paired_differences(rows, "sft")
+    # win: differences 1, 0, 0 -> mean 1/3, sd sqrt(1/3), se sqrt(1/3)/sqrt(3) = 1/3.
+    assert paired == {"duel": {"grpo": {"final_score": {"diff": 0.0333, "se": 0.0333, "n": 3},
+                                        "win": {"diff": 0.3333, "se": 0.3333, "n": 3}}}}  # fmt: skip
+
+
+def test_result_rows_carry_every_episode_for_paired_comparisons():
+    import env.conquest.agent  # noqa: F401
+
+    config = EvalConfig(env="conquest", tasks=("duel",), seeds=(0, 1))
+    (row,) = evaluate(["balanced"], config, progress=False)["results"]
+    assert row["per_episode"]["seed"] == [0, 1] and len(row["per_episode"]["final_score"]) == 2
+    assert sum(row["per_episode"]["win"]) / 2 == row["win_rate"]
