@@ -17,7 +17,11 @@ would leave undone.
 tokens (mask 1) alternate with the environment's reply rendered as the next user turn (``env_mask`` 0).
 Model tokens are never re-tokenised; environment text is tokenised on its own and spliced in.
 
-Both return ``prompt_ids``, ``completion_ids``, ``logprobs`` and extra per-row fields that reward functions
+``episode`` mode (:class:`EpisodeRollout`). The policy's own episodes, G per anchor with common random numbers;
+every decision is a row (prompt and answer) with its own advantage (:mod:`recruit_trl.advantages`), trained on by
+:class:`recruit_trl.episode_trainer.EpisodeAdvantages`.
+
+All three return ``prompt_ids``, ``completion_ids``, ``logprobs`` and extra per-row fields that reward functions
 receive as keyword arguments: every environment reward component summed over the scored steps, ``valid``
 (1.0 when the model's text parsed under the action contract), ``action_shaping`` (``None`` for invalid
 rows), ``final_score`` (``None`` unless the episode ended inside the horizon), ``action_type``,
