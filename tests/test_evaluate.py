@@ -18,6 +18,7 @@ RESULT_KEYS = {
     "policy", "task", "episodes", "final_score_mean", "final_score_sd", "enrolled_mean", "budget_left_mean",
     "episode_length_mean", "strict_json_rate", "valid_action_rate", "fallback_rate", "teacher_match", "action_types",
     "score_terms_mean", "enrolled_at_mean", "enrolled_peak_mean", "enrolled_by_day_mean", "own_answer_valid_rate",
+    "per_episode",
 }  # fmt: skip
 
 

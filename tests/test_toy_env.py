@@ -26,6 +26,7 @@ ENV = "tests.toy_env:TOY"
 ROW_KEYS = {
     "policy", "task", "episodes", "final_score_mean", "final_score_sd", "episode_length_mean", "strict_json_rate",
     "valid_action_rate", "fallback_rate", "teacher_match", "own_answer_valid_rate", "action_types", "score_terms_mean",
+    "per_episode",
 }  # fmt: skip
 
 
