@@ -573,6 +573,9 @@ class EpisodeRollout(_RolloutBase):
             for episode, episode_advantages in zip(group, advantages, strict=True):
                 for row, advantage in zip(episode["rows"], episode_advantages, strict=True):
                     decisions.append({**row, "advantage": advantage})
+        mean_advantage = sum(d["advantage"] for d in decisions) / max(1, len(decisions))
+        if self.config.center_advantages:
+            decisions = [{**d, "advantage": d["advantage"] - mean_advantage} for d in decisions]
         rng = random.Random(group_seed(groups[0], step, self.config.rollout_seed))
         chosen = rng.sample(decisions, min(len(prompts), len(decisions)))
         chosen += rng.choices(decisions, k=len(prompts) - len(chosen))  # fewer decisions than rows: some twice
@@ -587,7 +590,7 @@ class EpisodeRollout(_RolloutBase):
             "advantage": [r["advantage"] for r in chosen],
         }
         out.update(self._extra_fields(chosen))
-        self._log_episodes(trainer, episodes, group_stats, decisions)
+        self._log_episodes(trainer, episodes, group_stats, decisions, mean_advantage)
         gen_tokens = sum(len(r["completion_ids"]) for r in decisions)
         prompt_tokens = sum(len(r["prompt_ids"]) for r in decisions)
         self.log_metrics(trainer, decisions, time.perf_counter() - start, gen_tokens, len(decisions), prompt_tokens)
@@ -677,8 +680,11 @@ class EpisodeRollout(_RolloutBase):
                 row.update(final_score=e["final_score"], rates=e["rates"], scored_steps=len(e["rows"]))
         return episodes
 
-    def _log_episodes(self, trainer, episodes: list[dict], group_stats: list[dict], decisions: list[dict]) -> None:
-        """The policy's own play over the call's episodes, and the advantages' make-up (``episode/...``)."""
+    def _log_episodes(
+        self, trainer, episodes: list[dict], group_stats: list[dict], decisions: list[dict], mean_advantage: float
+    ) -> None:
+        """The policy's own play over the call's episodes, and the advantages' make-up (``episode/...``;
+        ``episode/advantage_mean`` is the decisions' mean advantage before any centering)."""
         log = getattr(trainer, "_log_metric", None)
         if log is None or not episodes:
             return
@@ -693,6 +699,7 @@ class EpisodeRollout(_RolloutBase):
         log("episode/zero_variance_groups", sum(s["zero_variance"] for s in group_stats) / len(group_stats))
         log("episode/step_matched_share", sum(s["matched_share"] for s in group_stats) / len(group_stats))
         log("episode/advantage_abs", sum(abs(d["advantage"]) for d in decisions) / max(1, len(decisions)))
+        log("episode/advantage_mean", mean_advantage)
 
 
 ROLLOUTS = {"branch": BranchRollout, "window": WindowRollout, "episode": EpisodeRollout}

@@ -103,6 +103,12 @@ class RolloutConfig(PromptConfig):
                   "each generation batch, so the update has their size but no credit (what training gains beyond "
                   "it is the credit's)."},
     )  # fmt: skip
+    center_advantages: bool = field(
+        default=False,
+        metadata={"help": "Episode mode: subtract the mean advantage of the call's decisions from each, so the update "
+                  "does not raise the likelihood of the policy's own samples on average (longer episodes carry more "
+                  "decisions, so per-decision advantages need not average to zero)."},
+    )  # fmt: skip
     max_new_tokens: int | None = field(
         default=None, metadata={"help": "Tokens per decision (default: 12 for 'index', 96 for 'json')."}
     )
