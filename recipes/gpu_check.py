@@ -10,11 +10,11 @@ and that the environment took without error), the device, library versions, the 
 
 Nothing is downloaded. The model is built from ``transformers.Qwen3Config`` with Qwen3-4B's dimensions and random
 weights, saved (bf16 on GPU) with a small byte-level BPE tokenizer trained on rendered environment prompts
-(``recruit_trl.models.build_tokenizer``; the embedding keeps Qwen3's 151936 rows), then loaded the way
+(``recruit_trl.models.tokenizer.build_tokenizer``; the embedding keeps Qwen3's 151936 rows), then loaded the way
 ``recipes/grpo_clinical.py --load_in_4bit`` loads a model: ``GRPOTrainer`` gets the folder, a 4-bit NF4
 ``BitsAndBytesConfig`` and a LoRA ``peft_config`` (r=16, every linear layer), and trains with the project's branch
-rollouts (``recruit_trl.rollout.make_rollout``) on clinical anchors with a 4-day continuation horizon, so the
-environment does not dominate, and constrained decoding, so that a random model's samples are listed actions: the
+rollouts (``recruit_trl.rollout.rollout_funcs.make_rollout``) on clinical anchors with a 4-day continuation horizon, so
+the environment does not dominate, and constrained decoding, so that a random model's samples are listed actions: the
 rows of a group play different actions, their rewards differ and the LoRA weights get real gradients
 (``grad_norm``). A random model is no policy: the valid-action rate checks the plumbing; the speed and memory figures
 are those of a Qwen3-4B QLoRA run of the same shape (prompt lengths are the small tokenizer's,
@@ -31,7 +31,7 @@ smaller batch and 2 steps, still through the 4-bit bitsandbytes path, LoRA and G
     bash recipes/gpu_check.sh --dry_run
 
 On a CPU, bitsandbytes' one-way repacking of 4-bit weights for inference is turned off, as in the recipes
-(:func:`recruit_trl.models.keep_4bit_layers_trainable`), so the dry run's gradients are exact.
+(:func:`recruit_trl.models.loading.keep_4bit_layers_trainable`), so the dry run's gradients are exact.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def check_requirements(dry_run: bool) -> None:
 
 def build_tokenizer_for(interface):
     """A byte-level BPE tokenizer trained on one safe-agent episode per task, rendered as the rollouts render it."""
-    from recruit_trl.models import build_tokenizer
+    from recruit_trl.models.tokenizer import build_tokenizer
     from recruit_trl.traces import collect_traces
 
     rows = collect_traces(interface, ROLLOUT["tasks"], [0], contract="index", recent_k=2, relabel=False)
@@ -298,10 +298,11 @@ def main(args: argparse.Namespace) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from recruit_trl.files import write_json_atomic
-    from recruit_trl.models import keep_4bit_layers_trainable
+    from recruit_trl.models.loading import keep_4bit_layers_trainable
     from recruit_trl.protocol import get_env_interface
-    from recruit_trl.rollout import make_rollout
-    from recruit_trl.training import ScriptArguments, make_anchor_dataset
+    from recruit_trl.rollout.rollout_funcs import make_rollout
+    from recruit_trl.training.anchor_data import make_anchor_dataset
+    from recruit_trl.training.arguments import ScriptArguments
     from rewards import get_reward_funcs
 
     started = time.perf_counter()

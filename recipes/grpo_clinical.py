@@ -12,12 +12,12 @@ With no arguments on a CPU machine this is the main job, end to end in one outpu
 Top to bottom (steps 2-6 are ``recruit_trl.pipeline.run_rl``, which the REINFORCE recipe runs with its own trainer):
 1. Arguments: ``ScriptArguments`` (anchors, rollout mode, rewards, warm start, report) + ``GRPOConfig`` +
    ``ModelConfig`` through ``TrlParser`` (``--config file.yaml`` supported); CPU-friendly defaults, and a named
-   model's own (``recruit_trl.training.MODEL_PRESETS``: ``smollm2``'s are sized for 45 minutes on 2 cores).
+   model's own (``recruit_trl.training.defaults.MODEL_PRESETS``: ``smollm2``'s are sized for 45 minutes on 2 cores).
 2. The environment interface (``--env``) and its tasks (``--tasks``, default: all of the environment's).
 3. The policy model: ``tiny`` (a warm tiny Qwen3 built locally and cached), ``smollm2`` (from its wheel), or
    any local folder / cached hub id, loaded as ``ModelConfig`` says in every stage (dtype, attention,
    ``--load_in_4bit`` for QLoRA).
-4. Warm start (``--warm_start auto``): the SFT recipe's pipeline (``recruit_trl.warm_start``), in-process with
+4. Warm start (``--warm_start auto``): the SFT recipe's pipeline (``recruit_trl.training.warm_start``), in-process with
    this run's ``ModelConfig``, imitates ``--teacher`` (cached in ``<output_dir>/sft``; DAgger rounds, the best round
    kept; its settings are the SFT recipe's flags as ``--sft_*``). A pretrained model trains a
    LoRA adapter, which RL continues; the tiny model built here fine-tunes every weight (``--sft_full_finetune
@@ -32,7 +32,7 @@ Top to bottom (steps 2-6 are ``recruit_trl.pipeline.run_rl``, which the REINFORC
    over whole episodes on held-out ``--eval_seeds`` (models greedy; those named by ``--eval_sampled`` also sampled
    at ``--eval_temperature`` / ``--eval_top_p``: rows ``<model>-sampled``); the decision-level report
    (``--eval_decisions``: benchmark table and state values on held-out states, every model);
-   ``report.json``, PNG plots and a one-screen summary in ``--output_dir`` (``recruit_trl.run_report``). The
+   ``report.json``, PNG plots and a one-screen summary in ``--output_dir`` (``recruit_trl.training.run_report``). The
    baselines (pure Python) run in a background process while the warm start traces the teacher, on the core that
    would otherwise idle.
 """
@@ -47,7 +47,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser  # noqa: E402
 
 from recruit_trl.pipeline import run_rl  # noqa: E402
-from recruit_trl.training import MODEL_PRESETS, ScriptArguments, cpu_defaults, model_defaults, preset_name  # noqa: E402
+from recruit_trl.training.arguments import ScriptArguments
+from recruit_trl.training.defaults import MODEL_PRESETS, cpu_defaults, model_defaults, preset_name  # noqa: E402
 
 
 def main(

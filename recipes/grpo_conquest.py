@@ -39,7 +39,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser  # noqa: E402
 
 from recruit_trl.pipeline import run_rl  # noqa: E402
-from recruit_trl.training import ScriptArguments, cpu_defaults, model_defaults, preset_name  # noqa: E402
+from recruit_trl.training.arguments import ScriptArguments  # noqa: E402
+from recruit_trl.training.defaults import cpu_defaults, model_defaults, preset_name
 
 # The conquest settings that differ from the pipeline's CPU defaults.
 CONQUEST = {

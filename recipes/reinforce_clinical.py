@@ -4,7 +4,7 @@
     accelerate launch recipes/reinforce_clinical.py --sft_adapter outputs/sft_clinical --max_steps 100
 
 Every step (environment, model, warm start, anchors, rollouts, rewards, report) and every flag are those of
-``recipes/grpo_clinical.py``; only the trainer differs: ``recruit_trl.reinforce.ReinforceTrainer`` with
+``recipes/grpo_clinical.py``; only the trainer differs: ``recruit_trl.training.reinforce.ReinforceTrainer`` with
 ``scale_rewards="none"``, ``beta=0``, ``num_iterations=1`` and ``loss_type="dr_grpo"``, whose advantages are exact
 leave-one-out advantages.
 """
@@ -19,8 +19,9 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from trl import GRPOConfig, ModelConfig, TrlParser  # noqa: E402
 
 from recruit_trl.pipeline import run_rl  # noqa: E402
-from recruit_trl.reinforce import REINFORCE_SETTINGS, ReinforceTrainer  # noqa: E402
-from recruit_trl.training import MODEL_PRESETS, ScriptArguments, cpu_defaults, model_defaults, preset_name  # noqa: E402
+from recruit_trl.training.arguments import ScriptArguments
+from recruit_trl.training.defaults import MODEL_PRESETS, cpu_defaults, model_defaults, preset_name  # noqa: E402
+from recruit_trl.training.reinforce import REINFORCE_SETTINGS, ReinforceTrainer  # noqa: E402
 
 
 def main(

@@ -5,8 +5,9 @@
     accelerate launch recipes/sft_clinical.py --model_name_or_path Qwen/Qwen3-4B --bf16 true --load_in_4bit
 
 Top to bottom:
-1. Arguments: ``SFTScriptArguments`` (the environment, its tasks and ``recruit_trl.sft.SFTArguments``: teacher,
-   seeds, balancing, DAgger) + TRL's ``SFTConfig`` + ``ModelConfig`` through ``TrlParser``; CPU-friendly defaults.
+1. Arguments: ``SFTScriptArguments`` (the environment, its tasks and
+   ``recruit_trl.training.sft_data.SFTArguments``: teacher, seeds, balancing, DAgger) + TRL's ``SFTConfig`` +
+   ``ModelConfig`` through ``TrlParser``; CPU-friendly defaults.
 2. Data: teacher traces on ``--train_seeds`` (balanced by action type within each task) and ``--heldout_seeds``
    (untouched), as conversational prompt/completion rows; saved to ``<output_dir>/dataset`` and reused on re-runs.
 3. ``SFTTrainer`` trains a LoRA adapter on the completions only (``--use_peft false``: every weight, which suits the
@@ -20,15 +21,15 @@ Top to bottom:
 5. Held-out report (``<output_dir>/heldout_report.json``): teacher match (also by task and teacher action type),
    strict-JSON and valid-action rates, predicted vs teacher action-type distributions.
 
-Steps 2 to 5 are ``recruit_trl.warm_start.train_sft``, the pipeline the GRPO recipe's warm start runs too.
+Steps 2 to 5 are ``recruit_trl.training.warm_start.train_sft``, the pipeline the GRPO recipe's warm start runs too.
 """
 
 from __future__ import annotations
 
 from trl import ModelConfig, SFTConfig, TrlParser
 
-from recruit_trl.training import model_defaults
-from recruit_trl.warm_start import SFTScriptArguments, sft_defaults, train_sft
+from recruit_trl.training.defaults import model_defaults
+from recruit_trl.training.warm_start import SFTScriptArguments, sft_defaults, train_sft
 
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:

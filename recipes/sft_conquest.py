@@ -16,11 +16,11 @@ Top to bottom:
    and ``heldout`` (1,000 rows, ``--heldout_seeds``); saved in ``<output_dir>/dataset/sets``.
 3. ``SFTTrainer`` on the completions (every weight of the tiny model built here; a LoRA adapter for a pretrained
    or quantised model; ``--use_peft false``: every weight), optional DAgger rounds; the model and tokenizer are
-   saved to ``--output_dir`` (``recruit_trl.warm_start.train_sft``, the pipeline ``recipes/grpo_conquest.py`` runs
-   as its warm start).
+   saved to ``--output_dir`` (``recruit_trl.training.warm_start.train_sft``, the pipeline ``recipes/grpo_conquest.py``
+   runs as its warm start).
 4. Benchmark (``<output_dir>/benchmark.json``, printed): rows, strict JSON, valid index, teacher match and invalid
    count of the base and the trained model on the fixed and held-out sets, greedy with free decoding, and the teacher
-   match under constrained decoding as a separate column (``recruit_trl.benchmark``).
+   match under constrained decoding as a separate column (``recruit_trl.decisions.benchmark``).
 
 Re-running the same command resumes: finished steps are read back, an interrupted training continues from its last
 checkpoint.
@@ -33,8 +33,10 @@ import sys
 from trl import ModelConfig, SFTConfig, TrlParser
 
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.training import full_finetune, model_defaults, preset_name, resolve_model_for, with_env_tasks
-from recruit_trl.warm_start import SFTScriptArguments, benchmark_sft, sft_defaults, train_sft
+from recruit_trl.training.arguments import with_env_tasks
+from recruit_trl.training.defaults import model_defaults, preset_name
+from recruit_trl.training.model_setup import full_finetune, resolve_model_for
+from recruit_trl.training.warm_start import SFTScriptArguments, benchmark_sft, sft_defaults, train_sft
 
 # The conquest settings that differ from the SFT pipeline's defaults.
 CONQUEST = {

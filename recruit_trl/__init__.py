@@ -24,17 +24,17 @@ __version__ = "0.1.0"
 
 # Public name -> the module that defines it.
 _EXPORTS = {
-    "make_rollout": "recruit_trl.rollout",
-    "BranchRollout": "recruit_trl.rollout",
-    "WindowRollout": "recruit_trl.rollout",
-    "RolloutConfig": "recruit_trl.rollout_config",
-    "PromptConfig": "recruit_trl.rollout_config",
+    "make_rollout": "recruit_trl.rollout.rollout_funcs",
+    "BranchRollout": "recruit_trl.rollout.rollout_funcs",
+    "WindowRollout": "recruit_trl.rollout.rollout_funcs",
+    "RolloutConfig": "recruit_trl.rollout.config",
+    "PromptConfig": "recruit_trl.rollout.config",
     "EnvInterface": "recruit_trl.protocol",
     "MultiStepEnv": "recruit_trl.protocol",
     "register_env": "recruit_trl.protocol",
     "get_env_interface": "recruit_trl.protocol",
     "get_reward_funcs": "rewards",
-    "ReinforceTrainer": "recruit_trl.reinforce",
+    "ReinforceTrainer": "recruit_trl.training.reinforce",
 }
 
 __all__ = [
@@ -54,9 +54,9 @@ __all__ = [
 
 if TYPE_CHECKING:
     from recruit_trl.protocol import EnvInterface, MultiStepEnv, get_env_interface, register_env
-    from recruit_trl.reinforce import ReinforceTrainer
-    from recruit_trl.rollout import BranchRollout, WindowRollout, make_rollout
-    from recruit_trl.rollout_config import PromptConfig, RolloutConfig
+    from recruit_trl.rollout.config import PromptConfig, RolloutConfig
+    from recruit_trl.rollout.rollout_funcs import BranchRollout, WindowRollout, make_rollout
+    from recruit_trl.training.reinforce import ReinforceTrainer
     from rewards import get_reward_funcs
 
 

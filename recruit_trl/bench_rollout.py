@@ -65,7 +65,8 @@ def parse_args(argv: list[str] | None = None):
     """
     from trl import GRPOConfig, ModelConfig, TrlParser
 
-    from recruit_trl.training import ScriptArguments, cpu_defaults, model_defaults
+    from recruit_trl.training.arguments import ScriptArguments
+    from recruit_trl.training.defaults import cpu_defaults, model_defaults
 
     parser = TrlParser((BenchArguments, ScriptArguments, GRPOConfig, ModelConfig))
     parser.set_defaults(**{**cpu_defaults(), **model_defaults(), "warm_start": "none", "report": False})
@@ -85,10 +86,12 @@ def train(script_args, training_args, model_args):
     from transformers import AutoTokenizer
     from trl import GRPOTrainer, get_peft_config
 
-    from recruit_trl.models import keep_4bit_layers_trainable
+    from recruit_trl.models.loading import keep_4bit_layers_trainable
     from recruit_trl.protocol import get_env_interface
-    from recruit_trl.rollout import make_rollout
-    from recruit_trl.training import make_anchor_dataset, model_init_kwargs, resolve_model_for, with_env_tasks
+    from recruit_trl.rollout.rollout_funcs import make_rollout
+    from recruit_trl.training.anchor_data import make_anchor_dataset
+    from recruit_trl.training.arguments import with_env_tasks
+    from recruit_trl.training.model_setup import model_init_kwargs, resolve_model_for
     from rewards import get_reward_funcs
 
     if not torch.cuda.is_available():  # as the recipe: the CPU cores shared by the training processes

@@ -122,10 +122,11 @@ def _add_eval(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from recruit_trl.evaluate import EvalConfig, evaluate, format_table, plot_results
+    from recruit_trl.evaluation.evaluate import EvalConfig, evaluate
+    from recruit_trl.evaluation.report import format_table, plot_results
     from recruit_trl.files import write_json_atomic
     from recruit_trl.protocol import get_env_interface
-    from recruit_trl.training import parse_int_ranges
+    from recruit_trl.ranges import parse_int_ranges
 
     config = EvalConfig(
         env=args.env,
@@ -201,11 +202,11 @@ def _add_benchmark(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
-    from recruit_trl.benchmark import format_result, run_benchmark
+    from recruit_trl.decisions.benchmark import format_result, run_benchmark
+    from recruit_trl.decisions.teacher_sets import SetConfig
     from recruit_trl.files import write_json_atomic
     from recruit_trl.protocol import get_env_interface
-    from recruit_trl.teacher_sets import SetConfig
-    from recruit_trl.training import parse_int_ranges
+    from recruit_trl.ranges import parse_int_ranges
 
     config = SetConfig(
         env=args.env,

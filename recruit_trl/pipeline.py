@@ -14,9 +14,8 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import TrainerState
 from trl import GRPOConfig, GRPOTrainer, ModelConfig
 
-from recruit_trl.episode_trainer import episode_trainer
 from recruit_trl.files import read_json, write_json_atomic
-from recruit_trl.models import (
+from recruit_trl.models.loading import (
     ADAPTER_CONFIG,
     is_adapter,
     is_trained,
@@ -27,18 +26,13 @@ from recruit_trl.models import (
     used_settings,
 )
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.rollout import make_rollout
-from recruit_trl.run_report import RL_FINISHED, report_run, sft_trained, start_baseline_evals
-from recruit_trl.training import (
-    ScriptArguments,
-    last_checkpoint,
-    make_anchor_dataset,
-    model_init_kwargs,
-    resolve_model_for,
-    rl_start,
-    with_env_tasks,
-)
-from recruit_trl.warm_start import run_warm_start
+from recruit_trl.rollout.rollout_funcs import make_rollout
+from recruit_trl.training.anchor_data import make_anchor_dataset
+from recruit_trl.training.arguments import ScriptArguments, with_env_tasks
+from recruit_trl.training.episode_trainer import episode_trainer
+from recruit_trl.training.model_setup import last_checkpoint, model_init_kwargs, resolve_model_for, rl_start
+from recruit_trl.training.run_report import RL_FINISHED, report_run, sft_trained, start_baseline_evals
+from recruit_trl.training.warm_start import run_warm_start
 from rewards import get_reward_funcs
 
 
@@ -46,7 +40,8 @@ def run_rl(
     script_args: ScriptArguments, training_args: GRPOConfig, model_args: ModelConfig, trainer_cls: type = GRPOTrainer
 ) -> GRPOTrainer:
     """The RL recipes' pipeline: environment, policy model, warm start, anchors, rollouts, rewards, training with
-    ``trainer_cls`` (``GRPOTrainer`` or a subclass, e.g. :class:`recruit_trl.reinforce.ReinforceTrainer`), report.
+    ``trainer_cls`` (``GRPOTrainer`` or a subclass, e.g. :class:`recruit_trl.training.reinforce.ReinforceTrainer`),
+    report.
 
     Returns the trainer after training (and the report, when ``script_args.report``).
     """
@@ -98,7 +93,7 @@ def run_rl(
             min_rows=training_args.generation_batch_size // training_args.num_generations
             if script_args.mode == "episode" else 0,
         )  # fmt: skip
-    if script_args.mode == "episode":  # rows carry their own advantages (recruit_trl.advantages)
+    if script_args.mode == "episode":  # rows carry their own advantages (recruit_trl.rollout.advantages)
         trainer_cls = episode_trainer(trainer_cls)
     trainer = trainer_cls(
         model=model,

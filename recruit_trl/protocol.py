@@ -165,7 +165,7 @@ class EnvInterface(Protocol):
     #     (``recruit-trl eval --env-url``). Default: a ValueError (no remote client). See :func:`remote_env`.
     # def decision_phase(self, obs: Observation, action: Action) -> str: the stratum of a decision whose action (the
     #     teacher's) is ``action``, for teacher decision sets (e.g. conquest's reinforce / trade / attack / occupy /
-    #     fortify). Default: the action's type. See :func:`recruit_trl.teacher_sets.decision_stratum`.
+    #     fortify). Default: the action's type. See :func:`recruit_trl.decisions.teacher_sets.decision_stratum`.
     # def describe_tasks(self, all_tasks: bool) -> list[dict[str, Any]]: one row per task for
     #     ``recruit-trl tasks`` (the first column its id; ``all_tasks``: also variants outside :meth:`tasks`).
     #     Default: the ids of :meth:`tasks`. See :func:`describe_tasks`.

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import platform
 
-__all__ = ["versions"]
-
 
 def versions() -> dict[str, str]:
     """``{"python": ..., "recruit_trl": ..., "torch": ..., "transformers": ..., "trl": ..., "peft": ...}``, leaving

@@ -1,8 +1,8 @@
 """Shaped rewards as TRL reward functions, one function per component, selected by name (:func:`get_reward_funcs`).
 
 Every function has TRL's reward-function signature ``f(completions, **kwargs) -> list[float | None]`` and
-reads the extra per-row fields that the recruit_trl rollouts return (``recruit_trl.rollout``), so rewards are
-computed from what happened in the environment, never by re-parsing completions. ``None`` marks a row the
+reads the extra per-row fields that the recruit_trl rollouts return (``recruit_trl.rollout.rollout_funcs``), so rewards
+are computed from what happened in the environment, never by re-parsing completions. ``None`` marks a row the
 component does not apply to (TRL ignores it in the weighted sum). Weights go through
 ``GRPOConfig.reward_weights`` (same order as ``reward_funcs``); TRL logs each component under the function's
 name (``rewards/<name>/mean``).

@@ -45,7 +45,7 @@ def row_field(name: str, kwargs: dict[str, Any], func: str) -> Sequence[Any]:
     if name not in kwargs or kwargs[name] is None:
         raise ValueError(
             f"{func} needs the per-row field '{name}', which recruit_trl's rollout functions return; "
-            "pass rollout_func=recruit_trl.rollout.make_rollout(...) to GRPOTrainer."
+            "pass rollout_func=recruit_trl.rollout.rollout_funcs.make_rollout(...) to GRPOTrainer."
         )
     return kwargs[name]
 

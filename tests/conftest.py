@@ -25,7 +25,7 @@ def world_facts() -> dict:
 @pytest.fixture(scope="session")
 def warm_model(tmp_path_factory) -> str:
     """A small model that answers in the index contract most of the time (so GRPO groups have variance)."""
-    from recruit_trl.models import build_tiny_model
+    from recruit_trl.models.tiny_model import build_tiny_model
     from recruit_trl.protocol import get_env_interface
     from recruit_trl.traces import collect_traces
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 import env.clinical.agent  # noqa: F401
-from recruit_trl.anchors import Anchor, AnchorCache, anchor_dataset, anchor_from_prompt, build_anchors
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.training import parse_int_ranges
+from recruit_trl.ranges import parse_int_ranges
+from recruit_trl.rollout.anchors import Anchor, AnchorCache, anchor_dataset, anchor_from_prompt, build_anchors
 
 INTERFACE = get_env_interface("clinical")
 
@@ -54,7 +54,8 @@ def test_parse_int_ranges():
 
 
 def test_model_anchors_are_recorded_pinned_and_kept_on_disk(warm_model, tmp_path):
-    from recruit_trl.anchors import MODEL_PREFIX, load_states, record_anchors, save_states
+    from recruit_trl.evaluation.evaluate import record_anchors
+    from recruit_trl.rollout.anchors import MODEL_PREFIX, load_states, save_states
 
     task = "hard_bench_stage_30"
     states = record_anchors(INTERFACE, warm_model, [task], [0, 1], [0, 10, 40], temperature=1.0)
@@ -85,7 +86,8 @@ def test_model_anchors_are_recorded_pinned_and_kept_on_disk(warm_model, tmp_path
 
 def test_recorded_anchor_states_are_stored_as_data_and_replayed_exactly(warm_model, tmp_path):
     """The file holds each episode's recorded actions as JSON; loading replays them into the very same states."""
-    from recruit_trl.anchors import load_states, record_anchors, save_states
+    from recruit_trl.evaluation.evaluate import record_anchors
+    from recruit_trl.rollout.anchors import load_states, save_states
 
     task, meta = "hard_bench_stage_30", {"model": warm_model, "temperature": 1.0}
     states = record_anchors(INTERFACE, warm_model, [task], [0, 1], [0, 10, 20], temperature=1.0, progress=False)
@@ -111,7 +113,7 @@ def test_recorded_anchor_states_are_stored_as_data_and_replayed_exactly(warm_mod
 def test_an_unreadable_anchor_states_file_is_reported_and_never_executed(warm_model, tmp_path):
     import pickle
 
-    from recruit_trl.anchors import load_states
+    from recruit_trl.rollout.anchors import load_states
 
     path, ran = tmp_path / "anchor_states.json", tmp_path / "ran"
 

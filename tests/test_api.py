@@ -12,8 +12,8 @@ import recruit_trl
 
 def test_public_names_are_the_modules_objects():
     from recruit_trl.protocol import EnvInterface, get_env_interface, register_env
-    from recruit_trl.rollout import BranchRollout, WindowRollout, make_rollout
-    from recruit_trl.rollout_config import RolloutConfig
+    from recruit_trl.rollout.config import RolloutConfig
+    from recruit_trl.rollout.rollout_funcs import BranchRollout, WindowRollout, make_rollout
     from rewards import get_reward_funcs
 
     assert recruit_trl.make_rollout is make_rollout and recruit_trl.RolloutConfig is RolloutConfig
@@ -24,15 +24,6 @@ def test_public_names_are_the_modules_objects():
     assert set(recruit_trl.__all__) <= set(dir(recruit_trl))
     with pytest.raises(AttributeError, match="no_such_name"):
         recruit_trl.no_such_name  # noqa: B018
-
-
-def test_the_rollout_module_still_exports_its_settings_and_seeds():
-    from recruit_trl import continuation, rollout, rollout_config
-
-    assert rollout.RolloutConfig is rollout_config.RolloutConfig
-    assert rollout.PromptConfig is rollout_config.PromptConfig
-    assert rollout.group_seed is continuation.group_seed and rollout.day_seed is continuation.day_seed
-    assert set(rollout.__all__) <= set(vars(rollout))
 
 
 def test_importing_the_package_loads_neither_torch_nor_the_environment():

@@ -12,11 +12,12 @@ import pytest
 from datasets import load_from_disk
 from recipe_files import load_recipe
 
-import recruit_trl.rollout as rollout_mod
-from recruit_trl.anchors import Anchor
-from recruit_trl.models import is_trained
+import recruit_trl.rollout.rollout_funcs as rollout_mod
+from recruit_trl.models.loading import is_trained
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.rollout import BranchRollout, RolloutConfig
+from recruit_trl.rollout.anchors import Anchor
+from recruit_trl.rollout.config import RolloutConfig
+from recruit_trl.rollout.rollout_funcs import BranchRollout
 
 ROOT = Path(__file__).parents[1]
 CONQUEST = get_env_interface("conquest")
@@ -28,7 +29,7 @@ COLUMNS = ("rows", "strict_json", "valid", "teacher_match", "invalid")
 def conquest_model(tmp_path_factory) -> str:
     """A small tiny model warmed on conquest texts (a few steps: it need not answer well, only in the game's
     vocabulary)."""
-    from recruit_trl.models import build_tiny_model
+    from recruit_trl.models.tiny_model import build_tiny_model
     from recruit_trl.traces import collect_traces
 
     rows = collect_traces(CONQUEST, ["duel"], range(2), epsilon=0.5, relabel=False)
@@ -126,7 +127,7 @@ def test_grpo_recipe_pipeline_with_a_tiny_budget(conquest_model, tmp_path):
 
 
 class _ScriptedSampler:
-    """Stands in for ``recruit_trl.generation.sample``: answers prompt k with ``texts[k % len(texts)]``."""
+    """Stands in for ``recruit_trl.models.generation.sample``: answers prompt k with ``texts[k % len(texts)]``."""
 
     def __init__(self, tokenizer, texts):
         self.tokenizer, self.texts = tokenizer, texts

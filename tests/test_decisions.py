@@ -11,13 +11,13 @@ import pytest
 
 import env.clinical.agent  # noqa: F401
 from recruit_trl.contracts import build_messages, parse_action
-from recruit_trl.decision_answers import answer_actions, model_answers
-from recruit_trl.decision_eval import evaluate_decisions, format_table
-from recruit_trl.decision_table import benchmark_table
-from recruit_trl.decision_values import state_values
-from recruit_trl.decisions import decision_set, sample_decisions
+from recruit_trl.decisions.answers import answer_actions, model_answers
+from recruit_trl.decisions.decision_set import decision_set, sample_decisions
+from recruit_trl.decisions.report import evaluate_decisions, format_table
+from recruit_trl.decisions.table import benchmark_table
+from recruit_trl.decisions.values import state_values
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.rollout import day_seed, group_seed
+from recruit_trl.rollout.continuation import day_seed, group_seed
 from recruit_trl.traces import same_action
 
 INTERFACE = get_env_interface("env.clinical.agent:CLINICAL")

@@ -10,20 +10,21 @@ from recipe_files import load_recipe
 from test_rollout import ScriptedSampler
 from trl import GRPOTrainer
 
-import recruit_trl.rollout as rollout_mod
-from recruit_trl.advantages import (
+import recruit_trl.rollout.rollout_funcs as rollout_mod
+from recruit_trl.models.tokenizer import build_tokenizer
+from recruit_trl.protocol import get_env_interface, state_key, step_reward
+from recruit_trl.rollout.advantages import (
     AdvantageWeights,
     decision_advantages,
     leave_one_out,
     n_step_returns,
     step_advantages,
 )
-from recruit_trl.anchors import Anchor
-from recruit_trl.episode_trainer import EpisodeAdvantages, episode_trainer
-from recruit_trl.models import build_tokenizer
-from recruit_trl.protocol import get_env_interface, state_key, step_reward
-from recruit_trl.rollout import EpisodeRollout, RolloutConfig, make_rollout
+from recruit_trl.rollout.anchors import Anchor
+from recruit_trl.rollout.config import RolloutConfig
+from recruit_trl.rollout.rollout_funcs import EpisodeRollout, make_rollout
 from recruit_trl.traces import collect_traces
+from recruit_trl.training.episode_trainer import EpisodeAdvantages, episode_trainer
 
 CONQUEST = get_env_interface("conquest")
 
@@ -134,7 +135,7 @@ def test_rows_are_decisions_whose_completion_is_the_models_answer_only(tokenizer
 
 
 def test_episode_trainer_mixes_the_advantages_in_first():
-    from recruit_trl.reinforce import ReinforceTrainer
+    from recruit_trl.training.reinforce import ReinforceTrainer
 
     for base in (GRPOTrainer, ReinforceTrainer):
         cls = episode_trainer(base)

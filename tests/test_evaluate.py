@@ -10,8 +10,8 @@ import pytest
 
 import env.clinical.agent
 from recruit_trl.cli import main as cli
-from recruit_trl.evaluate import EvalConfig, evaluate
-from recruit_trl.report import format_table, plot_results
+from recruit_trl.evaluation.evaluate import EvalConfig, evaluate
+from recruit_trl.evaluation.report import format_table, plot_results
 
 TASK = "hard_bench_stage_30"
 RESULT_KEYS = {
@@ -24,7 +24,7 @@ RESULT_KEYS = {
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from recruit_trl.models import build_tiny_model
+    from recruit_trl.models.tiny_model import build_tiny_model
     from recruit_trl.protocol import get_env_interface
     from recruit_trl.traces import collect_traces
 
@@ -58,22 +58,10 @@ def test_env_policies_and_teacher_match():
     assert report["versions"]["python"]
 
 
-def test_evaluate_reexports_the_cache_metrics_table_and_versions():
-    """``from recruit_trl.evaluate import X`` works for the names that live in the modules the runner uses."""
-    import recruit_trl.evaluate as runner
-    from recruit_trl import eval_cache, eval_metrics, models, report, versions
-
-    for module in (eval_cache, eval_metrics, versions):
-        for name in module.__all__:
-            assert getattr(runner, name) is getattr(module, name), name
-    assert runner.format_table is report.format_table and runner.plot_results is report.plot_results
-    assert runner.load_policy_model is models.load_for_inference
-
-
 def test_enrolment_over_the_days_follows_each_episode():
     from env import ClinicalRecruitmentEnv
-    from recruit_trl.eval_metrics import aggregate
-    from recruit_trl.evaluate import Evaluator
+    from recruit_trl.evaluation.evaluate import Evaluator
+    from recruit_trl.evaluation.metrics import aggregate
 
     config = EvalConfig(tasks=("easy_bench",), seeds=(0, 1))
     logs = Evaluator(config).run_policy("safe")
@@ -127,8 +115,8 @@ def test_constrained_decoding_answers_only_listed_candidates(tiny_model):
     from transformers import GenerationConfig
 
     from recruit_trl.contracts import answer_texts
-    from recruit_trl.generation import answer_token_ids, eos_ids, sample
-    from recruit_trl.models import load_for_inference
+    from recruit_trl.models.generation import answer_token_ids, eos_ids, sample
+    from recruit_trl.models.loading import load_for_inference
 
     model, tokenizer = load_for_inference(str(tiny_model))
     prompts = [tokenizer("Day 3. Actions:", add_special_tokens=False)["input_ids"]] * 6
@@ -204,7 +192,7 @@ def test_evaluation_against_a_server_matches_in_process():
 
 
 def test_report_plots_enrolment_and_summarises_it(tmp_path):
-    from recruit_trl.report import summary, write_report
+    from recruit_trl.evaluation.report import summary, write_report
 
     report = evaluate(["safe", "random"], EvalConfig(tasks=(TASK, "easy_bench"), seeds=(0, 1)), progress=False)
     clinical = env.clinical.agent.CLINICAL
@@ -230,8 +218,8 @@ def test_greedy_constrained_decoding_flags_exactly_the_answers_it_changed(warm_m
     from transformers import GenerationConfig
 
     from recruit_trl.contracts import answer_texts, parse_index
-    from recruit_trl.generation import answer_token_ids, encode_prompt, sample
-    from recruit_trl.models import load_for_inference
+    from recruit_trl.models.generation import answer_token_ids, encode_prompt, sample
+    from recruit_trl.models.loading import load_for_inference
     from recruit_trl.protocol import get_env_interface
     from recruit_trl.traces import collect_traces
 
@@ -258,7 +246,7 @@ def test_the_evaluation_cache_holds_what_was_evaluated(tmp_path):
     """A cache file evaluated for one policy (or other settings that change the figures) is not reused for another."""
     from dataclasses import replace
 
-    from recruit_trl.eval_cache import cache_key, evaluate_cached
+    from recruit_trl.evaluation.cache import cache_key, evaluate_cached
 
     config, cache = EvalConfig(tasks=(TASK,), seeds=(0,)), tmp_path / "eval.json"
 
@@ -289,7 +277,7 @@ def test_the_evaluation_cache_follows_the_weights_in_a_model_folder(tiny_model, 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from recruit_trl.eval_cache import evaluate_cached
+    from recruit_trl.evaluation.cache import evaluate_cached
 
     folder = Path(shutil.copytree(tiny_model, tmp_path / "model"))
     config, cache = EvalConfig(tasks=(TASK,), seeds=(0,), constrained=True), tmp_path / "eval" / "grpo.json"
@@ -309,7 +297,7 @@ def test_episodes_played_by_worker_processes_are_the_same_episodes(tiny_model):
 
 
 def test_paired_differences_compare_episodes_on_the_same_seeds_by_hand():
-    from recruit_trl.report import paired_differences
+    from recruit_trl.evaluation.report import paired_differences
 
     rows = [
         {"policy": "sft", "task": "duel", "per_episode": {"seed": [1, 2, 3], "final_score": [0.1, 0.5, 1.0],

@@ -50,7 +50,7 @@ def _tiny_model(folder: Path) -> Path:
 
 
 def test_a_model_counts_as_trained_only_with_complete_weights_and_config(tmp_path):
-    from recruit_trl.models import is_trained
+    from recruit_trl.models.loading import is_trained
 
     folder = _tiny_model(tmp_path / "model")
     assert is_trained(folder)
@@ -75,7 +75,7 @@ def test_a_model_counts_as_trained_only_with_complete_weights_and_config(tmp_pat
 
 
 def test_a_model_fingerprint_follows_the_files_that_decide_its_answers(tmp_path):
-    from recruit_trl.models import model_fingerprint
+    from recruit_trl.models.loading import model_fingerprint
 
     folder = _tiny_model(tmp_path / "model")
     first = model_fingerprint(folder)

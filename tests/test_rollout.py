@@ -11,12 +11,13 @@ from dataclasses import replace
 
 import pytest
 
-import recruit_trl.rollout as rollout_mod
+import recruit_trl.rollout.rollout_funcs as rollout_mod
 from env import ACTION_TYPES
-from recruit_trl.anchors import Anchor
-from recruit_trl.models import build_tokenizer
+from recruit_trl.models.tokenizer import build_tokenizer
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.rollout import BranchRollout, RolloutConfig, WindowRollout, env_turn_template, make_rollout
+from recruit_trl.rollout.anchors import Anchor
+from recruit_trl.rollout.config import RolloutConfig
+from recruit_trl.rollout.rollout_funcs import BranchRollout, WindowRollout, env_turn_template, make_rollout
 from recruit_trl.traces import collect_traces
 
 INTERFACE = get_env_interface("clinical")
@@ -31,7 +32,7 @@ def tokenizer():
 
 
 class ScriptedSampler:
-    """Stands in for recruit_trl.generation.sample: answers prompt k with texts[k % len(texts)]."""
+    """Stands in for recruit_trl.models.generation.sample: answers prompt k with texts[k % len(texts)]."""
 
     def __init__(self, tokenizer, texts):
         self.tokenizer, self.texts, self.calls, self.allowed = tokenizer, texts, [], []
@@ -106,7 +107,7 @@ def test_constrained_decoding_offers_every_listed_answer_and_nothing_else(tokeni
 
 
 def _state(anchor):
-    from recruit_trl.anchors import AnchorCache
+    from recruit_trl.rollout.anchors import AnchorCache
 
     return AnchorCache(INTERFACE).get(anchor)
 
@@ -183,7 +184,7 @@ def test_branch_scores_each_distinct_action_once_over_several_continuations(toke
 
 def test_continuations_reseed_the_environment_every_simulated_day(tokenizer, monkeypatch):
     from env.clinical.core import ClinicalRecruitmentEnv
-    from recruit_trl.rollout import day_seed, group_seed
+    from recruit_trl.rollout.continuation import day_seed, group_seed
 
     seeds = []
     reseed = ClinicalRecruitmentEnv.reseed
@@ -196,7 +197,7 @@ def test_continuations_reseed_the_environment_every_simulated_day(tokenizer, mon
 
 
 def test_self_horizon_lets_the_policy_play_its_own_days_before_the_continuation(tokenizer, monkeypatch):
-    from recruit_trl.rollout import day_seed
+    from recruit_trl.rollout.continuation import day_seed
 
     texts = ['{"action_index": 0}', '{"action_index": 0}', '{"action_index": 1}', '{"action_index": 1}']
     horizon, own = 6, 3
@@ -270,7 +271,7 @@ def test_teacher_match_compares_each_row_with_the_teacher_in_the_same_state(toke
 
 
 def test_teacher_match_reward_needs_a_teacher():
-    from recruit_trl.training import ScriptArguments
+    from recruit_trl.training.arguments import ScriptArguments
 
     with pytest.raises(ValueError, match="--reward_teacher"):
         ScriptArguments(reward_funcs=["final_score_reward", "teacher_match_reward"])
@@ -279,7 +280,7 @@ def test_teacher_match_reward_needs_a_teacher():
 
 @pytest.mark.parametrize("flag", ["sft_full_finetune", "rl_full_finetune"])
 def test_full_finetune_choices_are_checked_at_start_up(flag):
-    from recruit_trl.training import ScriptArguments
+    from recruit_trl.training.arguments import ScriptArguments
 
     with pytest.raises(ValueError, match=f"--{flag} must be auto, true or false"):
         ScriptArguments(**{flag: "maybe"})

@@ -9,7 +9,7 @@ import pytest
 
 import env.clinical.agent  # noqa: F401
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.sft import SFTArguments, balance_action_types, best_round, build_sft_datasets
+from recruit_trl.training.sft_data import SFTArguments, balance_action_types, best_round, build_sft_datasets
 
 INTERFACE = get_env_interface("clinical")
 
@@ -82,7 +82,7 @@ def test_best_round_keeps_the_best_mean_over_tasks_and_the_latest_on_ties():
 def test_heldout_report_breaks_the_teacher_match_down_by_task_and_action_type(warm_model):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from recruit_trl.sft import heldout_report
+    from recruit_trl.training.sft_data import heldout_report
 
     _, heldout, _ = build_sft_datasets(
         INTERFACE, ["easy_bench_stage_30", "hard_bench_stage_30"], [1], [3], teacher="safe", max_type_fraction=1.0
@@ -102,8 +102,8 @@ def test_the_warm_start_settings_are_declared_once_for_both_recipes():
     """The GRPO recipe's --sft_* flags are SFTArguments' fields (renamed, same help), with the main job's defaults."""
     from dataclasses import fields
 
-    from recruit_trl.training import MAIN_JOB_SFT, ScriptArguments, rl_flag, sft_arguments
-    from recruit_trl.warm_start import SFTScriptArguments
+    from recruit_trl.training.arguments import MAIN_JOB_SFT, ScriptArguments, rl_flag, sft_arguments
+    from recruit_trl.training.warm_start import SFTScriptArguments
 
     rl_fields = {f.name: f for f in fields(ScriptArguments)}
     for f in fields(SFTArguments):

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-import recruit_trl.rollout as rollout_mod
-from recruit_trl.anchors import Anchor
+import recruit_trl.rollout.rollout_funcs as rollout_mod
 from recruit_trl.contracts import DEFAULT_JSON_INSTRUCTIONS
-from recruit_trl.evaluate import EvalConfig, evaluate, format_table
-from recruit_trl.models import build_tokenizer
+from recruit_trl.evaluation.evaluate import EvalConfig, evaluate
+from recruit_trl.evaluation.report import format_table, summary, write_report
+from recruit_trl.models.tokenizer import build_tokenizer
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.report import summary, write_report
-from recruit_trl.rollout import RolloutConfig, make_rollout
+from recruit_trl.rollout.anchors import Anchor
+from recruit_trl.rollout.config import RolloutConfig
+from recruit_trl.rollout.rollout_funcs import make_rollout
 from recruit_trl.traces import collect_traces
 
 ROOT = Path(__file__).parents[1]
@@ -90,7 +91,7 @@ def test_traces_render_the_toy_prompts(toy):
 
 
 class ScriptedSampler:
-    """Stands in for recruit_trl.generation.sample: answers every prompt with ``text``."""
+    """Stands in for recruit_trl.models.generation.sample: answers every prompt with ``text``."""
 
     def __init__(self, tokenizer, text):
         self.ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]

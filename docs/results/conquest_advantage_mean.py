@@ -12,10 +12,11 @@ import sys
 
 from transformers import GenerationConfig
 
-from recruit_trl.advantages import AdvantageWeights, decision_advantages
-from recruit_trl.anchors import Anchor
-from recruit_trl.models import load_for_inference
-from recruit_trl.rollout import EpisodeRollout, RolloutConfig
+from recruit_trl.models.loading import load_for_inference
+from recruit_trl.rollout.advantages import AdvantageWeights, decision_advantages
+from recruit_trl.rollout.anchors import Anchor
+from recruit_trl.rollout.config import RolloutConfig
+from recruit_trl.rollout.rollout_funcs import EpisodeRollout
 
 model, tokenizer = load_for_inference(sys.argv[1], {})
 rollout = EpisodeRollout(RolloutConfig(env="conquest", mode="episode", continuation_policy="teacher"))

@@ -9,7 +9,7 @@ Run from the repository root; every other flag goes to the recipe. The result is
 import runpy
 import sys
 
-import recruit_trl.models as models
+import recruit_trl.models.loading as models
 
 SIZE = {"hidden_size": 256, "num_layers": 4, "num_heads": 8, "num_kv_heads": 2, "intermediate_size": 768}
 resolve_model = models.resolve_model
@@ -23,6 +23,6 @@ def larger_tiny(name_or_path="tiny", corpus_fn=None, cache_dir=None, **build_kwa
 
 
 if __name__ == "__main__":
-    models.resolve_model = larger_tiny  # the recipe resolves its model through recruit_trl.models at call time
+    models.resolve_model = larger_tiny  # the recipe resolves its model through recruit_trl.models.loading at call time
     sys.argv = ["recipes/sft_conquest.py", *sys.argv[1:]]
     runpy.run_path("recipes/sft_conquest.py", run_name="__main__")

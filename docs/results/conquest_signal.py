@@ -23,11 +23,11 @@ import math
 import random
 import time
 
-from recruit_trl.anchors import Anchor, AnchorCache
-from recruit_trl.continuation import day_seed
 from recruit_trl.contracts import build_messages, parse_action
 from recruit_trl.protocol import get_env_interface, policy_action
-from recruit_trl.training import parse_int_ranges
+from recruit_trl.ranges import parse_int_ranges
+from recruit_trl.rollout.anchors import Anchor, AnchorCache
+from recruit_trl.rollout.continuation import day_seed
 
 INTERFACE = get_env_interface("conquest")
 
@@ -49,7 +49,7 @@ def play(branches, horizon: int, policy: str, model=None, tokenizer=None, temper
     """Every branch plays on for ``horizon`` decisions (0: to the game's end), all of them in lock-step."""
     from transformers import GenerationConfig
 
-    from recruit_trl.generation import encode_prompt, sample
+    from recruit_trl.models.generation import encode_prompt, sample
 
     env_policy = None if policy.startswith("model:") else INTERFACE.get_policy(policy)
     config = GenerationConfig(do_sample=True, temperature=temperature, top_p=1.0)
@@ -88,7 +88,7 @@ def main() -> None:
     args = parser.parse_args()
     model = tokenizer = None
     if args.policy.startswith("model:"):
-        from recruit_trl.models import load_for_inference
+        from recruit_trl.models.loading import load_for_inference
 
         model, tokenizer = load_for_inference(args.policy[len("model:") :], {})
     cache = AnchorCache(INTERFACE)

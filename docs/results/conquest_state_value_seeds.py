@@ -8,8 +8,8 @@ usage (from the repository root):
 
 import sys
 
-from recruit_trl.decision_eval import evaluate_decisions
-from recruit_trl.decisions import decision_set, sample_decisions
+from recruit_trl.decisions.decision_set import decision_set, sample_decisions
+from recruit_trl.decisions.report import evaluate_decisions
 from recruit_trl.files import write_json_atomic
 from recruit_trl.protocol import get_env_interface
 

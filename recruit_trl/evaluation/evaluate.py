@@ -1,0 +1,426 @@
+"""Evaluation harness: full episodes of any policy over a seed range and tasks.
+
+Policies:
+    * any policy the environment registers (``random``, ``heuristic``, ``expert``, ...), called as
+      ``policy(obs, rng)``; a policy object with ``act(env, obs=obs, rng=rng)`` is handed the live environment
+      instead (planners that look ahead from the current state);
+    * ``model:PATH``: a causal LM folder or a LoRA adapter folder (its base model is read from the adapter
+      config). Model policies run all episodes in lock-step with batched generation, through the same
+      prompt rendering, action contract, strict parser and safe fallback as the RL rollouts.
+
+Each episode is recorded as an :class:`~recruit_trl.evaluation.metrics.EpisodeLog`, aggregated into one result row per
+(policy, task) by :func:`recruit_trl.evaluation.metrics.aggregate` (the metrics are described there). Episodes run
+in-process, or against an environment server (``env_url``) through the interface's ``remote_env``.
+
+Per-decision trace (``recruit-trl eval --trace FILE``): one JSON line per decision with the policy, task, seed,
+day, the action played and the teacher's action (both as the prompt describes them), whether they match, whether
+the decision was valid (for a model's rejected answer also its ``text`` and the parser's ``error``), and its
+outcome. Aggregates say *that* a model drifts; the trace shows where: e.g. a student that negotiates every day on
+medium while the expert waits until the last scheduled dropout.
+
+The result cache (:mod:`recruit_trl.evaluation.cache`), the metrics, the results table and plot
+(:mod:`recruit_trl.evaluation.report`) and :func:`~recruit_trl.versions.versions` are importable from here too.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from recruit_trl.contracts import (
+    CONTRACTS,
+    MAX_NEW_TOKENS,
+    answer_texts,
+    build_messages,
+    digest,
+    parse_action,
+    parse_json_object,
+)
+from recruit_trl.evaluation.metrics import (
+    EpisodeLog,
+    aggregate,
+)
+from recruit_trl.files import write_text_atomic
+from recruit_trl.models.loading import load_for_inference
+from recruit_trl.protocol import EnvInterface, episode_metrics, get_env_interface, policy_action, remote_env
+from recruit_trl.rollout.anchors import MODEL_PREFIX, Anchor, AnchorState
+from recruit_trl.traces import match_candidate, same_action, trace_row
+from recruit_trl.versions import versions
+
+
+@dataclass
+class EvalConfig:
+    """What :func:`evaluate` runs: the environment (``env``, a name for ``get_env_interface``), its tasks (empty: the
+    interface's ``tasks()``), reset seeds, the action contract and decoding of model policies, and more."""
+
+    env: str = "clinical"
+    tasks: Sequence[str] = ()
+    seeds: Sequence[int] = tuple(range(20))
+    contract: str = "index"
+    recent_k: int = 2
+    teacher: str | None = None
+    env_url: str | None = None
+    transport: str = "http"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    batch_size: int = 64
+    policy_seed: int = 0
+    max_new_tokens: int | None = None
+    constrained: bool = False  # models answer only with a listed candidate (recruit_trl.models.generation, allowed=)
+    # Processes that play the episodes, each every workers-th seed with one torch thread (1: this process). The
+    # episodes are the same; a model's batches hold other episodes side by side.
+    workers: int = 1
+    # How models are loaded (recruit_trl.models.loading.loading_config: dtype, attention, 4-bit), as in training.
+    model_loading: dict = field(default_factory=dict)
+
+
+class Evaluator:
+    """Runs policies over ``config.tasks`` x ``config.seeds`` and aggregates :class:`EpisodeLog` records."""
+
+    def __init__(self, config: EvalConfig, interface: EnvInterface | None = None) -> None:
+        if config.contract not in CONTRACTS:
+            raise ValueError(f"contract must be one of {CONTRACTS}")
+        self.interface = interface or get_env_interface(config.env)
+        self.config = with_tasks(config, self.interface)
+        self.teacher = self.interface.get_policy(config.teacher) if config.teacher else None
+        # When a list (and a teacher is set), model runs append one trace row per decision: the state the model
+        # reached, labelled with the teacher's action (DAgger data; see recruit_trl.training.sft_data.dagger_rows).
+        self.labelled_rows: list[dict[str, Any]] | None = None
+        # When a list, every decision of every policy appends one trace record (see the module docstring).
+        self.trace: list[dict[str, Any]] | None = None
+        # Model runs keep the state of every episode on these days, with the actions that reached it
+        # (recruit_trl.evaluation.evaluate.record_anchors): captured[(task, seed, day)] = AnchorState.
+        self.capture_days: set[int] = set()
+        self.captured: dict[tuple[str, int, int], AnchorState] = {}
+
+    # ------------------------------------------------------------------ environments
+    def make_env(self, task: str):
+        if self.config.env_url:
+            return remote_env(self.interface, self.config.env_url, task, self.config.transport)
+        return self.interface.make_env(task)
+
+    def _teacher_action(self, env, obs, rng: random.Random) -> dict | None:
+        return None if self.teacher is None else policy_action(self.teacher, env, obs, rng)
+
+    # ------------------------------------------------------------------ policies
+    def run_policy(self, name: str, progress: Callable[[int], None] | None = None) -> list[EpisodeLog]:
+        if name.startswith("model:"):
+            return self.run_model(name[len("model:") :], progress)
+        policy = self.interface.get_policy(name)
+        logs = []
+        for task in self.config.tasks:
+            env = self.make_env(task)
+            for seed in self.config.seeds:
+                rng = random.Random(self.config.policy_seed * 1_000_003 + seed)
+                teacher_rng = random.Random(seed)
+                log = EpisodeLog(task, seed)
+                obs, _ = env.reset(seed=seed)
+                done = False
+                while not done:
+                    taught = self._teacher_action(env, obs, teacher_rng)
+                    action = policy_action(policy, env, obs, rng)
+                    obs, _, terminated, truncated, info = env.step(action)
+                    done = terminated or truncated
+                    self._record(log, action, obs, info, parsed_json=None, valid=True, taught=taught)
+                self._finish(log, obs, info, env)
+                logs.append(log)
+                if progress:
+                    progress(1)
+            if hasattr(env, "close"):
+                env.close()
+        return logs
+
+    def run_model(self, path: str, progress: Callable[[int], None] | None = None) -> list[EpisodeLog]:
+        model, tokenizer = load_for_inference(path, self.config.model_loading)
+        from transformers import GenerationConfig
+
+        from recruit_trl.models.generation import answer_token_ids, encode_prompt, sample
+
+        cfg = self.config
+        do_sample = cfg.temperature > 0
+        gen_config = GenerationConfig(
+            do_sample=do_sample,
+            temperature=cfg.temperature if do_sample else None,
+            top_p=cfg.top_p if do_sample and cfg.top_p < 1.0 else None,
+            top_k=None,
+        )
+        if do_sample:  # sampled runs repeat exactly for the same config (policy_seed, tasks, seeds, batch size)
+            import torch
+
+            torch.manual_seed(cfg.policy_seed)
+        max_new = cfg.max_new_tokens or MAX_NEW_TOKENS[cfg.contract]
+        episodes = [(task, seed) for task in cfg.tasks for seed in cfg.seeds]
+        envs = [self.make_env(task) for task, _ in episodes]
+        logs = [EpisodeLog(task, seed) for task, seed in episodes]
+        obs = [env.reset(seed=seed)[0] for env, (_, seed) in zip(envs, episodes, strict=True)]
+        recent: list[list[str]] = [[] for _ in episodes]
+        played: list[list[dict]] = [[] for _ in episodes]  # the actions of each episode, kept with captured states
+        rngs = [random.Random(seed) for _, seed in episodes]
+        active = list(range(len(episodes)))
+        while active:
+            self._capture(envs, obs, recent, played, logs, active)
+            candidates = {i: self.interface.candidate_actions(obs[i]) for i in active}
+            prompts, messages_of = [], {}
+            for i in active:
+                shown = recent[i][len(recent[i]) - cfg.recent_k :] if cfg.recent_k > 0 else []
+                messages = messages_of[i] = build_messages(self.interface, obs[i], shown, cfg.contract, candidates[i])
+                prompts.append(encode_prompt(tokenizer, messages, enable_thinking=False))
+            allowed = None
+            if cfg.constrained:
+                allowed = [answer_token_ids(tokenizer, answer_texts(cfg.contract, candidates[i])) for i in active]
+            unchanged: list[bool | None] = []
+            completions, _ = sample(
+                model, tokenizer, prompts, gen_config, max_new, cfg.batch_size, allowed=allowed, unchanged=unchanged
+            )
+            texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+            still = []
+            for i, text, same in zip(active, texts, unchanged, strict=True):
+                parsed = parse_action(text, cfg.contract, self.interface, obs[i], candidates[i])
+                own = parsed.valid if allowed is None else same
+                if own is not None:
+                    logs[i].own_checked += 1
+                    logs[i].own_valid += int(own)
+                taught = self._teacher_action(envs[i], obs[i], rngs[i])
+                day = logs[i].length
+                if self.labelled_rows is not None and taught is not None:
+                    self._label(messages_of[i], candidates[i], taught, episodes[i], day)
+                new_obs, _, terminated, truncated, info = envs[i].step(parsed.action)
+                strict = parse_json_object(text)[0] is not None
+                self._record(
+                    logs[i],
+                    parsed.action,
+                    new_obs,
+                    info,
+                    parsed_json=strict,
+                    valid=parsed.valid,
+                    taught=taught,
+                    error=parsed.error,
+                    text=text,
+                )
+                recent[i].append(digest(self.interface, day, parsed.action, info))
+                if self.capture_days:
+                    played[i].append(parsed.action)
+                obs[i] = new_obs
+                if terminated or truncated:
+                    self._finish(logs[i], new_obs, info, envs[i])
+                    if progress:
+                        progress(1)
+                else:
+                    still.append(i)
+            active = still
+        for env in envs:
+            if hasattr(env, "close"):
+                env.close()
+        return logs
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _capture(self, envs, obs, recent, played, logs: list[EpisodeLog], active: list[int]) -> None:
+        if not self.capture_days:
+            return
+        k = self.config.recent_k
+        for i in active:
+            day = logs[i].length
+            if day in self.capture_days:
+                kept = tuple(recent[i][len(recent[i]) - k :] if k > 0 else ())
+                state = AnchorState(envs[i].snapshot(), obs[i], kept, False, day, tuple(played[i]))
+                self.captured[(logs[i].task, logs[i].seed, day)] = state
+
+    def _label(self, messages, candidates, taught, episode: tuple[str, int], day: int) -> None:
+        if self.config.contract == "index":
+            k = match_candidate(self.interface, taught, candidates)
+            if k is None:
+                return  # the teacher's action is not listed: nothing the model could answer
+            taught = candidates[k]
+        task, seed = episode
+        self.labelled_rows.append(
+            trace_row(self.interface, messages, candidates, taught, self.config.contract, task, seed, day)
+        )
+
+    def _record(
+        self,
+        log: EpisodeLog,
+        action,
+        obs,
+        info,
+        parsed_json: bool | None,
+        valid: bool,
+        taught,
+        error: str | None = None,
+        text: str | None = None,
+    ) -> None:
+        if self.trace is not None:
+            describe = self.interface.describe_action
+            record = {
+                "task": log.task,
+                "seed": log.seed,
+                "day": log.length,
+                "action": describe(action),
+                "teacher": describe(taught) if taught is not None else None,
+                "match": same_action(self.interface, action, taught) if taught is not None else None,
+                "valid": bool(valid and not info.get("last_action_error")),
+                "outcome": self.interface.outcome(info),
+            }
+            if error is not None:  # a model's answer the parser rejected: what it wrote, and why
+                record.update(error=error, text=text)
+            self.trace.append(record)
+        log.length += 1
+        log.decisions += 1
+        for name, value in episode_metrics(self.interface, obs, info).items():
+            log.metrics.setdefault(name, []).append(value)
+        log.action_types[self.interface.action_type(action)] += 1
+        if parsed_json is not None:
+            log.strict_json += int(parsed_json)
+            log.fallback += int(not valid)
+        log.valid += int(valid and not info.get("last_action_error"))
+        if taught is not None:
+            log.teacher_checked += 1
+            log.teacher_match += int(same_action(self.interface, action, taught))
+
+    def _finish(self, log: EpisodeLog, obs: dict, info: dict, env) -> None:
+        log.final_score = self.interface.final_score(info)
+        score_terms = getattr(self.interface, "score_terms", None)
+        log.score_terms = score_terms(env) if score_terms is not None else None
+
+
+def run_in_workers(config: EvalConfig, name: str, progress: Callable[[int], None] | None = None) -> list[EpisodeLog]:
+    """``name``'s episodes over ``config``'s tasks and seeds, played by ``config.workers`` spawned processes (one torch
+    thread each, every workers-th seed), in task and seed order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    seeds = list(config.seeds)
+    shares = [tuple(seeds[i :: config.workers]) for i in range(min(config.workers, len(seeds)))]
+    logs: list[EpisodeLog] = []
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(len(shares), mp_context=context) as pool:
+        futures = [pool.submit(_play_share, replace(config, seeds=share, workers=1), name) for share in shares]
+        for future in as_completed(futures):
+            part = future.result()
+            logs.extend(part)
+            if progress:
+                progress(len(part))
+    order = {task: k for k, task in enumerate(config.tasks)}
+    return sorted(logs, key=lambda log: (order[log.task], seeds.index(log.seed)))
+
+
+def _play_share(config: EvalConfig, name: str) -> list[EpisodeLog]:
+    """One worker's episodes (:func:`run_in_workers`)."""
+    import torch
+
+    torch.set_num_threads(1)
+    return Evaluator(config).run_policy(name)
+
+
+def with_tasks(config: EvalConfig, interface: EnvInterface | None = None) -> EvalConfig:
+    """``config`` with its tasks filled in: the interface's ``tasks()`` when it names none."""
+    if config.tasks:
+        return config
+    return replace(config, tasks=tuple((interface or get_env_interface(config.env)).tasks()))
+
+
+def evaluate(
+    policies: Sequence[str],
+    config: EvalConfig,
+    *,
+    progress: bool = True,
+    labels: Sequence[str] | None = None,
+    trace_path: str | Path | None = None,
+) -> dict[str, Any]:
+    """Evaluate every policy; returns ``{"results": [...], "config": {...}, "versions": {...}}``.
+
+    Args:
+        policies: policy names or ``model:PATH``.
+        config: tasks, seeds, contract, teacher, ...
+        progress: show a progress bar over episodes.
+        labels: names for the policies in the results (default: the names themselves).
+        trace_path: write the per-decision trace (JSON lines, ``policy`` added to each record) here.
+    """
+    evaluator = Evaluator(config)
+    config, interface = evaluator.config, evaluator.interface
+    curves = {
+        "curve_metrics": getattr(interface, "curve_metrics", ()),
+        "metric_days": getattr(interface, "metric_days", ()),
+        "rate_metrics": getattr(interface, "rate_metrics", ()),
+    }
+    trace: list[dict[str, Any]] = []
+    results = []
+    total = len(policies) * len(config.tasks) * len(config.seeds)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc="evaluating", unit="episode", dynamic_ncols=True)
+    timings = {}
+    for k, name in enumerate(policies):
+        label = labels[k] if labels else name
+        start = time.perf_counter()
+        evaluator.trace = [] if trace_path is not None else None
+        if config.workers > 1 and trace_path is None:
+            logs = run_in_workers(config, name, progress=bar.update if bar else None)
+        else:
+            logs = evaluator.run_policy(name, progress=bar.update if bar else None)
+        timings[label] = round((time.perf_counter() - start) / max(1, len(logs)), 3)
+        results.extend(aggregate(label, logs, name.startswith("model:"), **curves))
+        trace += [{"policy": label, **record} for record in evaluator.trace or ()]
+    if bar:
+        bar.close()
+    if trace_path is not None:
+        write_text_atomic(trace_path, "".join(json.dumps(record) + "\n" for record in trace))
+    cfg = {k: (list(v) if isinstance(v, tuple | range) else v) for k, v in config.__dict__.items()}
+    cfg["policies"] = list(policies)
+    cfg["seconds_per_episode"] = timings
+    return {"results": results, "config": cfg, "versions": versions()}
+
+
+def record_anchors(
+    interface: EnvInterface,
+    model_path: str,
+    tasks: Sequence[str],
+    seeds: Iterable[int],
+    days: Iterable[int],
+    *,
+    label: str = "model:student",
+    contract: str = "index",
+    recent_k: int = 2,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    policy_seed: int = 0,
+    model_loading: dict | None = None,
+    progress: bool = True,
+) -> dict[Anchor, AnchorState]:
+    """Play ``model_path`` (sampled at ``temperature`` / ``top_p``, seeded by ``policy_seed``) on every task x seed
+    and keep the states on ``days`` (those the episode reaches), keyed by anchors whose policy is ``label``.
+
+    Deterministic for the same arguments on the same machine (the evaluator's seeded lock-step sampling).
+    """
+    if not label.startswith(MODEL_PREFIX):
+        raise ValueError(f"a recorded anchor's label starts with {MODEL_PREFIX!r} (got {label!r})")
+    config = EvalConfig(
+        tasks=tuple(tasks),
+        seeds=tuple(seeds),
+        contract=contract,
+        recent_k=recent_k,
+        temperature=temperature,
+        top_p=top_p,
+        policy_seed=policy_seed,
+        model_loading=dict(model_loading or {}),  # loaded as trained (recruit_trl.models.loading.loading_config)
+    )
+    evaluator = Evaluator(config, interface)
+    evaluator.capture_days = set(days)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(config.tasks) * len(config.seeds), desc="recording anchors", unit="episode")
+    evaluator.run_model(model_path, progress=bar.update if bar else None)
+    if bar:
+        bar.close()
+    return {
+        Anchor(task, seed, day, label, policy_seed): state
+        for (task, seed, day), state in sorted(evaluator.captured.items())
+    }

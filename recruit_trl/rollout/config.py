@@ -1,0 +1,146 @@
+"""Settings of the rollouts: which environment, how its states become prompts, and how samples are drawn and scored.
+
+:class:`PromptConfig` holds what every stage that renders a state shares (the environment, the action contract, the
+recent actions in the digest): the rollouts, the SFT warm start's traces and the evaluation must agree on it, or a
+model is trained on prompts it never sees. :class:`RolloutConfig` adds the rollout's own settings; the recipes expose
+both as command-line flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from recruit_trl.contracts import CONTRACTS, MAX_NEW_TOKENS
+
+MODES = ("branch", "window", "episode")
+# Per-row fields every rollout returns besides the environment's reward components.
+ROW_FIELDS = ("valid", "action_shaping", "final_score", "action_type", "action_error", "scored_steps", "teacher_match")
+
+
+@dataclass
+class PromptConfig:
+    """The environment and the rendering of its states as prompts (shared by rollouts, traces and evaluation)."""
+
+    env: str = field(
+        default="clinical",
+        metadata={
+            "help": "Environment interface: a name (registered, or an installed recruit_trl.envs entry point) or "
+            "'package.module:attribute'."
+        },
+    )
+    contract: str = field(default="index", metadata={"help": "Action contract: 'index' or 'json'."})
+    recent_k: int = field(default=2, metadata={"help": "Recent actions shown in the prompt's digest."})
+
+    def __post_init__(self) -> None:
+        if self.contract not in CONTRACTS:
+            raise ValueError(f"contract must be one of {CONTRACTS}, got {self.contract!r}")
+        if self.recent_k < 0:
+            raise ValueError(f"recent_k must be >= 0, got {self.recent_k}")
+
+
+@dataclass
+class RolloutConfig(PromptConfig):
+    """How samples are drawn from the environment (the recipe exposes these as command-line flags)."""
+
+    mode: str = field(
+        default="branch",
+        metadata={"help": "Rollout mode: 'branch' (one decision per row, scored from the anchor's snapshot by a "
+                  "continuation), 'window' (several decisions per completion) or 'episode' (the policy's own "
+                  "episodes, every decision a row, recruit_trl.rollout.advantages)."},
+    )  # fmt: skip
+    horizon: int = field(
+        default=180,
+        metadata={"help": "Days played by the continuation policy after the sampled action(s) (180: to the end)."},
+    )
+    continuation_policy: str = field(
+        default="grader_heuristic",
+        metadata={"help": "Policy (registered by the environment) that plays the horizon."},
+    )
+    continuation_seeds: int = field(
+        default=1,
+        metadata={"help": "Branch mode: continuations per distinct sampled action, each with its own randomness, "
+                  "averaged (a single action moves the final grade by less than one continuation's noise)."},
+    )  # fmt: skip
+    self_horizon: int = field(
+        default=0,
+        metadata={"help": "Branch mode: days the policy itself plays (greedy, all branches in lock-step) after the "
+                  "sampled action, before the continuation policy plays the rest of the horizon. The continuation "
+                  "policy forgives what the policy would leave undone; these days charge for it (0: off)."},
+    )  # fmt: skip
+    reward_teacher: str = field(
+        default="",
+        metadata={"help": "Policy (registered by the environment) whose action in the same state each decision is "
+                  "compared with (row field teacher_match, for rewards.teacher_match_reward); '' for none."},
+    )  # fmt: skip
+    window_turns: int = field(default=4, metadata={"help": "Model decisions per completion in window mode."})
+    episode_groups: int = field(
+        default=2,
+        metadata={"help": "Episode mode: groups played per generation batch and process, each of num_generations "
+                  "episodes of the policy from one anchor with the same dice; every decision is a training row, and "
+                  "the batch's rows are drawn from all of them."},
+    )  # fmt: skip
+    episode_decisions: int = field(
+        default=0,
+        metadata={"help": "Episode mode: decisions the policy plays per episode before the continuation policy plays "
+                  "the rest (0: the policy plays the whole episode)."},
+    )  # fmt: skip
+    episode_weight: float = field(
+        default=1.0,
+        metadata={"help": "Episode mode: weight of the episode-level advantage (the outcome against the group's other "
+                  "episodes, leave-one-out)."},
+    )  # fmt: skip
+    step_weight: float = field(
+        default=1.0,
+        metadata={"help": "Episode mode: weight of the step-level advantage (the n-step return of the environment's "
+                  "potential, against decisions at the same state in other episodes, else the group's mean)."},
+    )  # fmt: skip
+    step_horizon: int = field(
+        default=15, metadata={"help": "Episode mode: decisions in the step level's n-step return (0: to the end)."}
+    )
+    shuffle_advantages: bool = field(
+        default=False,
+        metadata={"help": "Episode mode, a control for measurements: the advantages are shuffled among the rows of "
+                  "each generation batch, so the update has their size but no credit (what training gains beyond "
+                  "it is the credit's)."},
+    )  # fmt: skip
+    center_advantages: bool = field(
+        default=False,
+        metadata={"help": "Episode mode: subtract the mean advantage of the call's decisions from each, so the update "
+                  "does not raise the likelihood of the policy's own samples on average (longer episodes carry more "
+                  "decisions, so per-decision advantages need not average to zero)."},
+    )  # fmt: skip
+    max_new_tokens: int | None = field(
+        default=None, metadata={"help": "Tokens per decision (default: 12 for 'index', 96 for 'json')."}
+    )
+    generation_chunk: int = field(default=64, metadata={"help": "Prompts per generate() call."})
+    rollout_seed: int = field(default=0, metadata={"help": "Mixed into every group's environment seed."})
+    enable_thinking: bool = field(
+        default=False, metadata={"help": "Passed to the chat template (Qwen3 thinks before answering when True)."}
+    )
+    constrained_decoding: bool = field(
+        default=False,
+        metadata={"help": "Sample only answers that take a listed candidate (masked tokens are never drawn), so "
+                  "every rollout action is the model's own; the index contract's invalid-answer penalty then "
+                  "never applies."},
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.horizon < 0 or self.window_turns < 1 or self.continuation_seeds < 1:
+            raise ValueError("horizon must be >= 0, window_turns and continuation_seeds >= 1")
+        if not 0 <= self.self_horizon <= self.horizon:
+            raise ValueError(f"self_horizon must be in [0, horizon={self.horizon}], got {self.self_horizon}")
+        if self.self_horizon and self.mode != "branch":
+            raise ValueError("self_horizon applies to branch mode only")
+        if self.episode_groups < 1 or self.episode_decisions < 0 or self.step_horizon < 0:
+            raise ValueError("episode_groups must be >= 1, episode_decisions and step_horizon >= 0")
+
+    @property
+    def template_kwargs(self) -> dict:
+        return {"enable_thinking": self.enable_thinking}
+
+    @property
+    def decision_tokens(self) -> int:
+        return self.max_new_tokens or MAX_NEW_TOKENS[self.contract]

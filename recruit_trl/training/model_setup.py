@@ -1,0 +1,154 @@
+"""The model each stage starts from: resolving a name (``tiny`` built for the environment's prompts,
+``smollm2``, a folder), how it is loaded, whether every weight trains, and where a stage resumes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from recruit_trl.protocol import EnvInterface
+from recruit_trl.traces import collect_traces
+
+# Bump when the environment's prompt rendering changes: the cached tiny model was warmed on the old text. The cache
+# key also carries prompt_fingerprint(), which catches changes to the rendering or the candidate lists by itself.
+RENDER_VERSION = "render-6"
+
+
+def tiny_corpus_fn(interface: EnvInterface, tasks, episodes_per_task: int, contract: str, recent_k: int):
+    """The tiny model's warm-up corpus: safe-agent traces with 30% random candidates, on seeds 200+."""
+
+    def corpus() -> list[dict[str, Any]]:
+        return collect_traces(
+            interface,
+            tasks,
+            range(200, 200 + episodes_per_task),
+            contract=contract,
+            recent_k=recent_k,
+            epsilon=0.3,
+            relabel=False,
+        )
+
+    return corpus
+
+
+def prompt_fingerprint(interface: EnvInterface, tasks: Sequence[str], contract: str, recent_k: int) -> str:
+    """A hash of every prompt and answer of one safe-agent episode (reset seed 0) per task.
+
+    It changes whenever the rendering or the candidate lists change, so a tiny model warmed on other prompts is
+    never taken from the cache (well under a second for the three public tasks).
+    """
+    rows = collect_traces(interface, tasks, [0], contract=contract, recent_k=recent_k, relabel=False)
+    payload = json.dumps([[row["messages"], row["completion"]] for row in rows], sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def resolve_policy_model(
+    name_or_path: str,
+    interface: EnvInterface,
+    *,
+    tasks: Sequence[str],
+    contract: str = "index",
+    recent_k: int = 2,
+    corpus_episodes: int = 8,
+    build_steps: int | None = None,
+) -> str:
+    """``tiny`` (built on first use from the interface's traces, then cached), ``smollm2``, or a local folder /
+    hub id, as a local path."""
+    from recruit_trl.models.loading import resolve_model
+
+    if name_or_path.strip().lower() != "tiny":
+        return resolve_model(name_or_path)
+    return resolve_model(
+        "tiny",
+        corpus_fn=tiny_corpus_fn(interface, tasks, corpus_episodes, contract, recent_k),
+        version_key=f"{RENDER_VERSION}-{interface.name}-{contract}-{recent_k}-{corpus_episodes}-{','.join(tasks)}-"
+        + prompt_fingerprint(interface, tasks, contract, recent_k),
+        **({"max_steps": build_steps} if build_steps else {}),
+    )
+
+
+def resolve_model_for(name_or_path: str, args: Any, interface: EnvInterface) -> str:
+    """:func:`resolve_policy_model` with the recipe arguments (``tasks``, ``contract``, ``recent_k``,
+    ``tiny_corpus_seeds``, ``tiny_build_steps``)."""
+    return resolve_policy_model(
+        name_or_path,
+        interface,
+        tasks=args.tasks,
+        contract=args.contract,
+        recent_k=args.recent_k,
+        corpus_episodes=args.tiny_corpus_seeds,
+        build_steps=args.tiny_build_steps,
+    )
+
+
+def full_finetune(choice: str, model_args: Any, model_path: str) -> bool:
+    """Whether a stage fine-tunes every weight (``choice``: ``--sft_full_finetune`` / ``--rl_full_finetune``).
+
+    ``auto`` trains every weight only for the tiny model built here from scratch, or when ``--use_peft false`` asks
+    for it; every pretrained model trains a LoRA adapter. A quantised model (``--load_in_4bit`` / ``--load_in_8bit``)
+    always trains an adapter: its frozen integer weights cannot be fine-tuned.
+
+    Raises:
+        ValueError: ``true`` together with quantisation.
+    """
+    from recruit_trl.models.loading import model_kind
+
+    quantized = bool(getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False))
+    choice = str(choice).lower()  # one of auto / true / false: ScriptArguments checks it at start-up
+    if choice == "true" and quantized:
+        raise ValueError("full fine-tuning cannot train a quantised model: drop --load_in_4bit/--load_in_8bit or "
+                         "set --sft_full_finetune/--rl_full_finetune to auto or false")  # fmt: skip
+    if choice == "auto":
+        return not quantized and (model_kind(model_path) == "tiny" or not model_args.use_peft)
+    return choice == "true"
+
+
+def rl_start(script_args: Any, training_args: Any, model_args: Any, model_path: str) -> tuple[Any, Any, Any]:
+    """``(model, tokenizer, peft_config)`` that RL starts from; ``peft_config`` is ``None`` when no new adapter.
+
+    Without a warm start (``script_args.sft_adapter`` unset): the base model, with a fresh LoRA adapter unless
+    ``--use_peft false``. After a LoRA warm start: that adapter, trainable, on the base loaded as configured. After a
+    fully fine-tuned one: that model, every weight trained or a fresh adapter on it (``--rl_full_finetune``), read
+    with its own tokenizer when it saved one (the base may be another tiny build, with another vocabulary).
+    """
+    from transformers import AutoTokenizer
+    from trl import get_peft_config
+
+    from recruit_trl.models.loading import is_adapter, load_trainable
+
+    model: Any = model_path
+    tokenizer_path = model_path
+    peft_config = get_peft_config(model_args)
+    if script_args.sft_adapter and is_adapter(script_args.sft_adapter):
+        model = load_trainable(model_path, script_args.sft_adapter, training_args.model_init_kwargs)
+        peft_config = None
+    elif script_args.sft_adapter:
+        model = script_args.sft_adapter
+        if Path(model, "tokenizer_config.json").is_file():
+            tokenizer_path = model
+        if full_finetune(script_args.rl_full_finetune, model_args, model_path):
+            peft_config = None
+    return model, AutoTokenizer.from_pretrained(tokenizer_path, padding_side="left"), peft_config
+
+
+def model_init_kwargs(model_args: Any, training_args: Any = None) -> dict[str, Any]:
+    """``from_pretrained`` keyword arguments of the trained model in every stage (warm start, RL; evaluation loads
+    with the same :func:`recruit_trl.models.loading.loading_config`): ``ModelConfig``'s dtype, attention implementation
+    and bitsandbytes quantisation. ``training_args.model_init_kwargs`` (TRL's own field), when set, overrides them."""
+    from recruit_trl.models.loading import from_pretrained_kwargs, loading_config
+
+    return {
+        **from_pretrained_kwargs(loading_config(model_args)),
+        **(getattr(training_args, "model_init_kwargs", None) or {}),
+    }
+
+
+def last_checkpoint(output_dir: str) -> str | None:
+    """The newest ``checkpoint-*`` in ``output_dir`` to resume from, if any."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
