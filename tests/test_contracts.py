@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from env import ClinicalRecruitmentEnv
+from env.clinical import ClinicalRecruitmentEnv
 from recruit_trl.contracts import (
     DEFAULT_JSON_INSTRUCTIONS,
     INDEX_INSTRUCTIONS,

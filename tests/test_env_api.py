@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from env import ACTION_TYPES, Action, ClinicalRecruitmentEnv, random_policy
+from env.clinical import ACTION_TYPES, Action, ClinicalRecruitmentEnv, random_policy
 
 OBS_FIELDS = [
     "timestamp", "budget_remaining", "time_to_deadline_days", "enrolled_so_far", "target_enrollment", "task_id",

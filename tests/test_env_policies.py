@@ -8,7 +8,7 @@ import statistics
 import numpy as np
 import pytest
 
-from env import STATE_DIM, ClinicalRecruitmentEnv, features, get_policy, heuristic_policy, run_episode
+from env.clinical import STATE_DIM, ClinicalRecruitmentEnv, features, get_policy, heuristic_policy, run_episode
 
 # Reference means over reset seeds 0..19 (docs/spec/reference-results.md).
 HEURISTIC_REFERENCE = {"easy_bench": 0.3348, "medium_bench": 0.1471, "hard_bench": 0.1146}

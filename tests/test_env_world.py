@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from env import TASKS, get_task, world_fingerprint
+from env.clinical import TASKS, get_task, world_fingerprint
 from env.clinical.world import get_world, world_trace
 
 FINGERPRINTS = {"easy_bench": "e52b3ffc47cce0ce", "medium_bench": "9924a41965edc15d", "hard_bench": "5c8bf43556674f9c"}

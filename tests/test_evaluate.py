@@ -59,7 +59,7 @@ def test_env_policies_and_teacher_match():
 
 
 def test_enrolment_over_the_days_follows_each_episode():
-    from env import ClinicalRecruitmentEnv
+    from env.clinical import ClinicalRecruitmentEnv
     from recruit_trl.evaluation.evaluate import Evaluator
     from recruit_trl.evaluation.metrics import aggregate
 

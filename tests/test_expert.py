@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from env import ClinicalRecruitmentEnv, get_policy, random_policy
+from env.clinical import ClinicalRecruitmentEnv, get_policy, random_policy
 from env.clinical.expert import ExpertPolicy, main, play
 from env.clinical.heuristic import GraderHeuristic, grader_heuristic
 from env.clinical.models import validate_action

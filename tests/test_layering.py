@@ -88,3 +88,91 @@ def test_lookup_order_and_errors(monkeypatch):
         get_env_interface("nowhere")
     with pytest.raises(ValueError, match="Cannot import environment interface 'env.clinical.agent:MISSING'"):
         get_env_interface("env.clinical.agent:MISSING")
+
+
+# recruit_trl's rooms, bottom to top: a module imports only from its own room or a lower one. The foundation is the
+# top-level modules every room uses.
+FOUNDATION = {"protocol", "contracts", "traces", "files", "versions", "ranges"}
+ROOM_LEVELS = {
+    "foundation": 0,
+    "models": 1,
+    "rollout": 2,
+    "evaluation": 3, "decisions": 3,
+    "training": 4,
+    "pipeline": 5, "bench_rollout": 5, "cli": 6, "__main__": 7,
+}  # fmt: skip
+
+
+def module_imports() -> dict[str, set[str]]:
+    """``recruit_trl`` module -> the ``recruit_trl`` modules it imports, at any depth (functions included); the
+    package root (the public API, imported lazily by name) is left out."""
+    modules = {}
+    for path in sources("recruit_trl"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("recruit_trl"):
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                           for a in node.names]  # fmt: skip
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.startswith("recruit_trl")]
+            found.update(t for t in targets if t in modules and t not in (name, "recruit_trl"))
+        graph[name] = found
+    return graph
+
+
+def room(module: str) -> str:
+    name = module.split(".")[1]
+    return "foundation" if name in FOUNDATION else name
+
+
+def test_recruit_trl_has_no_import_circle():
+    graph = module_imports()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for imported in sorted(graph[module]):
+            if state.get(imported) == 1:
+                circle = path[path.index(imported) :] + [imported]
+                raise AssertionError(f"import circle: {' -> '.join(circle)}")
+            if imported not in state:
+                visit(imported, path + [imported])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert len(graph) > 30  # the walk saw the package
+
+
+def test_recruit_trl_rooms_import_downwards_only():
+    graph = module_imports()
+    unknown = sorted({room(m) for m in graph if m != "recruit_trl"} - set(ROOM_LEVELS))
+    assert not unknown, f"rooms without a level in ROOM_LEVELS: {unknown}"
+    upward = [
+        f"{module} -> {imported}"
+        for module, imports in graph.items()
+        if module != "recruit_trl"  # the package root: the public API, imported lazily by name
+        for imported in imports
+        if room(module) != room(imported) and ROOM_LEVELS[room(module)] <= ROOM_LEVELS[room(imported)]
+    ]
+    assert not upward, f"imports that do not go down a level: {upward}"
+
+
+def test_no_module_re_exports_another_modules_names():
+    """Callers import a name from the module that defines it: only the package root lists a public API."""
+    with_all = [
+        str(path.relative_to(ROOT))
+        for path in sources("recruit_trl")
+        if path != ROOT / "recruit_trl" / "__init__.py"
+        and any(
+            isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets)
+            for node in ast.parse(path.read_text()).body
+        )
+    ]
+    assert not with_all, f"modules with __all__ (import from the defining module instead): {with_all}"

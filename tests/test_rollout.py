@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 import recruit_trl.rollout.rollout_funcs as rollout_mod
-from env import ACTION_TYPES
+from env.clinical import ACTION_TYPES
 from recruit_trl.models.tokenizer import build_tokenizer
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.anchors import Anchor

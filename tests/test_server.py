@@ -20,8 +20,8 @@ pytest.importorskip("websockets")
 
 from servers import env_server_cmd, free_port, start_server, stop_server  # noqa: E402
 
-from env import TASKS, ClinicalRecruitmentEnv, heuristic_policy  # noqa: E402
 from env.client import RemoteEnv, SessionLostError  # noqa: E402
+from env.clinical import TASKS, ClinicalRecruitmentEnv, heuristic_policy  # noqa: E402
 from env.clinical.served import OBSERVATION_FIELDS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

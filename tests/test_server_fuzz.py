@@ -26,8 +26,8 @@ from servers import env_server_cmd, free_port, start_server, stop_server  # noqa
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
-from env import ClinicalRecruitmentEnv, heuristic_policy  # noqa: E402
 from env.client import RemoteEnv  # noqa: E402
+from env.clinical import ClinicalRecruitmentEnv, heuristic_policy  # noqa: E402
 from env.clinical.models import ACTION_TYPES, STRING_FIELDS  # noqa: E402
 
 SEED = 35

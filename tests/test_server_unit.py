@@ -21,8 +21,8 @@ from fastapi import FastAPI, HTTPException, Request  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
-from env import Action, ClinicalRecruitmentEnv, heuristic_policy, random_policy  # noqa: E402
 from env.client import RemoteEnv, SessionLostError  # noqa: E402
+from env.clinical import Action, ClinicalRecruitmentEnv, heuristic_policy, random_policy  # noqa: E402
 from env.clinical.served import OBSERVATION_FIELDS, split_done  # noqa: E402
 from env.server import ServerSettings, SessionStore, create_app  # noqa: E402
 

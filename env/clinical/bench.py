@@ -126,7 +126,7 @@ def worker_main(root: str) -> int:
     import inspect
 
     # ``env`` exports the class in every tree, before and after the environment moved to env/clinical/.
-    from env import ClinicalRecruitmentEnv
+    from env.clinical import ClinicalRecruitmentEnv
 
     print(json.dumps({"env_file": inspect.getfile(ClinicalRecruitmentEnv)}), flush=True)
     for line in sys.stdin:
