@@ -355,3 +355,13 @@ def test_huge_integers_are_schema_violations_not_overflows(field):
     if field == "token_cost":  # the env sums token costs as floats: 64-bit integers only
         with pytest.raises(ValueError, match=field):
             validate_action({"action_type": "stop_recruitment", field: 2**63})
+
+
+def test_the_package_env_offers_the_clinical_public_names():
+    """design.md's public API: ``from env import ClinicalRecruitmentEnv, TASKS``."""
+    import env
+    import env.clinical
+    from env import TASKS, ClinicalRecruitmentEnv
+
+    assert ClinicalRecruitmentEnv is env.clinical.ClinicalRecruitmentEnv and TASKS is env.clinical.TASKS
+    assert set(env.__all__) == set(env.clinical.__all__)

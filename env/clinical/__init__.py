@@ -1,8 +1,8 @@
 """The clinical-trial recruitment environment (bit-exact with the public reference), its tasks and policies.
 
-Its public names:
+The package `env` re-exports these names, so `from env import ClinicalRecruitmentEnv` works as well:
 
-from env.clinical import ClinicalRecruitmentEnv, TASKS
+from env import ClinicalRecruitmentEnv, TASKS
 env = ClinicalRecruitmentEnv(task="easy_bench")
 obs, info = env.reset(seed=0)
 obs, reward, terminated, truncated, info = env.step({"action_type": "screen_patient", "patient_id": "P-1149"})
