@@ -69,9 +69,9 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: C
 
 def cmd_tasks(args: argparse.Namespace) -> int:
     """Print the interface's task rows (``describe_tasks``): numbers right-aligned with thousands separators."""
-    from recruit_trl.protocol import describe_tasks, get_env_interface
+    from recruit_trl.protocol import get_env_interface
 
-    described = describe_tasks(get_env_interface(args.env), args.all)
+    described = get_env_interface(args.env).describe_tasks(args.all)
     headers = list(dict.fromkeys(key for row in described for key in row))
 
     def is_number(value: Any) -> bool:

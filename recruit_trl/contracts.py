@@ -29,8 +29,6 @@ MAX_NEW_TOKENS = {"index": 12, "json": 96}
 
 LISTING_HEADER = "Actions:\n"  # opens the numbered candidate list
 INDEX_INSTRUCTIONS = 'Reply with one JSON object {"action_index": N} choosing an action from the list.'
-# The json contract's answer format when the interface names no fields of its own (its ``json_instructions``).
-DEFAULT_JSON_INSTRUCTIONS = "Answer with exactly one JSON object: the action."
 
 
 @dataclass(frozen=True)
@@ -182,7 +180,7 @@ def build_messages(
     if contract == "index":
         instructions = INDEX_INSTRUCTIONS
     else:
-        instructions = getattr(interface, "json_instructions", DEFAULT_JSON_INSTRUCTIONS)
+        instructions = interface.json_instructions
     user = interface.render(obs, recent)
     if contract == "index":
         candidates = interface.candidate_actions(obs) if candidates is None else candidates

@@ -1,6 +1,7 @@
 """The small protocol recruit_trl needs from a multi-step environment, and how environments are found.
 
-recruit_trl never imports a concrete environment. An environment package implements two things:
+recruit_trl never imports a concrete environment. An environment package implements two things (subclassing
+:class:`EnvInterface` is the one import it makes from recruit_trl):
 
 * :class:`MultiStepEnv`: Gymnasium-style ``reset``/``step`` plus ``snapshot``/``restore`` (so a sampled
   action can be scored from the *same* state many times) and ``reseed`` (common random numbers inside a
@@ -9,7 +10,8 @@ recruit_trl never imports a concrete environment. An environment package impleme
   an observation, the enumeration of legal candidate actions (the ``index`` action contract), validation
   of a free JSON action (the ``json`` contract), a safe fallback action, a short description of an action
   for digests, the named per-step reward components, and the policies that can play prefixes and
-  continuations; optionally episode metrics, reference figures, a remote client and task descriptions.
+  continuations; optionally episode metrics, reference figures, a remote client, task descriptions and its
+  defaults for training (each optional member's generic default is on the base class).
 
 :func:`get_env_interface` finds an interface by name: registered in-process with :func:`register_env`, declared by
 an installed package as an entry point of the ``recruit_trl.envs`` group
@@ -25,6 +27,7 @@ import importlib.metadata
 import json
 import random
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 Observation = dict[str, Any]
@@ -35,16 +38,6 @@ Action = dict[str, Any]
 # planner can look ahead from the current state (re-seeding its simulated copies, never reading the true RNG).
 Policy = Callable[[Observation, random.Random], Action]
 StepResult = tuple[Observation, float, bool, bool, Info]
-
-
-def action_key(interface: EnvInterface, action: Action) -> Any:
-    """What identifies ``action`` when two actions are compared (SFT labels, teacher match, guides, DAgger).
-
-    The interface's optional ``action_key(action)`` (e.g. the fields that say what is done, without free-text
-    annotations); by default the whole action, canonically serialised.
-    """
-    key = getattr(interface, "action_key", None)
-    return key(action) if key is not None else json.dumps(action, sort_keys=True, default=str)
 
 
 def policy_action(policy: Policy, env: MultiStepEnv, obs: Observation, rng: random.Random) -> Action:
@@ -69,8 +62,25 @@ class MultiStepEnv(Protocol):
     def reseed(self, seed: int) -> None: ...
 
 
-class EnvInterface(Protocol):
-    """What the plugin needs to turn an environment into prompts, actions and reward fields.
+FALLBACK_POLICY = "fallback"  # every environment's policy of last resort: its fallback action in every state
+
+
+class FallbackPolicy:
+    """The fallback agent of an interface as a policy: :meth:`EnvInterface.fallback_action` in every state."""
+
+    def __init__(self, interface: EnvInterface) -> None:
+        self.interface = interface
+
+    def __call__(self, obs: Observation, rng: random.Random) -> Action:
+        return self.interface.fallback_action(obs)
+
+
+class EnvInterface:
+    """What the plugin needs to turn an environment into prompts, actions and reward fields, and the environment's
+    training defaults: the base class of every environment interface, each optional member's default in one place.
+
+    A subclass sets the four attributes and implements the methods that raise ``NotImplementedError`` here; every
+    other member has a generic default (documented on it) that the subclass may override.
 
     Attributes:
         name: registry name.
@@ -79,151 +89,158 @@ class EnvInterface(Protocol):
             sums them over the scored horizon and forwards them to the reward functions under these names.
         terminal_action_types: action types by which the agent ends the episode itself (never explored at
             random when collecting traces).
-
-    The optional members (episode metrics, reference figures, a remote client, ...) are listed at the end of the
-    class, each with the generic default the plugin uses without it.
+        json_instructions: the ``json`` contract's answer format, appended to the system prompt (name the action's
+            fields here).
+        curve_metrics: those of :meth:`episode_metrics` whose course over the episode is reported too:
+            ``<name>_by_day_mean`` (the mean curve after each decision), ``<name>_peak_mean`` and, for the days of
+            ``metric_days``, ``<name>_at_mean`` ({"15": value after 15 decisions, ...}); the report plots them.
+        metric_days: see ``curve_metrics``.
+        rate_metrics: those of :meth:`episode_metrics` that are 0/1 outcomes (e.g. a win); evaluation rows carry
+            ``<name>_rate``, the share of episodes ending with 1, instead of ``<name>_mean``.
+        reference_scores: a published reference final score per task, drawn in plots and printed in summaries.
+        reference_band: ``(metric, label, low, high)``, a published reference range of a curve metric, shaded on its
+            curve plot up to the last of ``metric_days``.
+        rl_defaults: the environment's defaults for the RL recipes (flag -> value, e.g. its teacher, continuation
+            and anchor policies, horizon, baselines, warm-start data); the plugin's generic defaults are
+            environment-neutral (every policy the fallback agent, episodes played to their end).
+        sft_defaults: the same for the SFT recipe (its flags' names).
     """
 
-    name: str
-    system_prompt: str
-    reward_fields: tuple[str, ...]
-    terminal_action_types: frozenset[str]
+    name: str = ""
+    system_prompt: str = ""
+    reward_fields: tuple[str, ...] = ()
+    terminal_action_types: frozenset[str] = frozenset()
+    json_instructions: str = "Answer with exactly one JSON object: the action."
+    curve_metrics: tuple[str, ...] = ()
+    metric_days: tuple[int, ...] = ()
+    rate_metrics: tuple[str, ...] = ()
+    reference_scores: Mapping[str, float] = MappingProxyType({})
+    reference_band: tuple[str, str, float, float] | None = None
+    rl_defaults: Mapping[str, Any] = MappingProxyType({})
+    sft_defaults: Mapping[str, Any] = MappingProxyType({})
 
-    def make_env(self, task: str) -> MultiStepEnv: ...
+    # Required: the environment and its text.
 
-    def tasks(self) -> Sequence[str]: ...
+    def make_env(self, task: str) -> MultiStepEnv:
+        raise NotImplementedError
+
+    def tasks(self) -> Sequence[str]:
+        raise NotImplementedError
 
     def render(self, obs: Observation, recent: Sequence[str]) -> str:
         """The observation as compact text (``recent`` holds digests of the last actions, oldest first)."""
-        ...
+        raise NotImplementedError
 
     def candidate_actions(self, obs: Observation) -> list[Action]:
         """Legal candidate actions with full arguments, in a stable order (the ``index`` contract)."""
-        ...
+        raise NotImplementedError
 
     def describe_action(self, action: Action, obs: Observation | None = None) -> str:
         """A one-line description for the digest of recent actions; with ``obs``, for the candidate list (it
         may then add visible facts, e.g. the clinical environment lists a patient's attributes)."""
-        ...
+        raise NotImplementedError
 
     def validate_action(self, payload: Mapping[str, Any], obs: Observation) -> Action:
         """A complete action from a model's free JSON object (the ``json`` contract); raise ValueError if bad."""
-        ...
+        raise NotImplementedError
 
     def fallback_action(self, obs: Observation) -> Action:
         """The safe agent's action, used whenever the model's output cannot be parsed."""
-        ...
+        raise NotImplementedError
 
-    def action_type(self, action: Action) -> str: ...
+    def action_type(self, action: Action) -> str:
+        raise NotImplementedError
 
-    def action_types(self) -> Sequence[str]: ...
+    def action_types(self) -> Sequence[str]:
+        raise NotImplementedError
 
     def step_components(
         self, obs_before: Observation, action: Action, obs: Observation, reward: float, info: Info
     ) -> dict[str, float]:
         """Named reward components of one environment step (keys: :attr:`reward_fields`)."""
-        ...
-
-    def action_shaping(self, obs: Observation, action: Action) -> float:
-        """A shaping bonus for choosing ``action`` in ``obs`` (scored once, for the sampled action)."""
-        ...
-
-    def outcome(self, info: Info) -> str:
-        """A short outcome string for the digest of recent actions (e.g. ``"ok"`` or an error code)."""
-        ...
+        raise NotImplementedError
 
     def final_score(self, info: Info) -> float | None:
         """The episode's final grade when ``info`` is from its last step, else ``None``."""
-        ...
+        raise NotImplementedError
 
-    def get_policy(self, name: str) -> Policy: ...
+    # Optional, with the generic default.
 
-    # Optional members, looked up with getattr; the plugin's generic default follows each one:
-    #
-    # def action_key(self, action: Action) -> Hashable: what identifies an action when two are compared (SFT labels,
-    #     teacher match). Default: the whole action. The clinical environment ignores its free-text hypothesis.
-    # def score_terms(self, env: MultiStepEnv) -> Mapping[str, float] | None: the weighted parts of the finished
-    #     episode's final grade, for reports. Default: none.
-    # json_instructions: str: the ``json`` contract's answer format, appended to the system prompt (name the
-    #     action's fields here). Default: ``recruit_trl.contracts.DEFAULT_JSON_INSTRUCTIONS``, "Answer with exactly
-    #     one JSON object: the action."
-    # def episode_metrics(self, obs: Observation, info: Info) -> Mapping[str, float]: numbers read after every step
-    #     (e.g. the clinical {"enrolled": ..., "budget_left": ...}); evaluation rows carry ``<name>_mean``, the mean
-    #     of the value at the episode's end. Default: no metrics.
-    # curve_metrics: tuple[str, ...]: those of the episode metrics whose course over the episode is reported too:
-    #     ``<name>_by_day_mean`` (the mean curve after each decision), ``<name>_peak_mean`` and, for the days of
-    #     ``metric_days``, ``<name>_at_mean`` ({"15": value after 15 decisions, ...}); the report plots them.
-    #     Default: ().
-    # metric_days: tuple[int, ...]: see ``curve_metrics``. Default: ().
-    # rate_metrics: tuple[str, ...]: those of the episode metrics that are 0/1 outcomes (e.g. a win); evaluation rows
-    #     carry ``<name>_rate``, the share of episodes ending with 1, instead of ``<name>_mean``. Default: ().
-    # reference_scores: Mapping[str, float]: a published reference final score per task, drawn in plots and
-    #     printed in summaries. Default: {}.
-    # reference_band: tuple[str, str, float, float] | None: ``(metric, label, low, high)``, a published reference
-    #     range of a curve metric, shaded on its curve plot up to the last of ``metric_days``. Default: None.
-    # def remote_env(self, url: str, task: str, transport: str) -> MultiStepEnv: a client of an environment server
-    #     (``recruit-trl eval --env-url``). Default: a ValueError (no remote client). See :func:`remote_env`.
-    # def decision_phase(self, obs: Observation, action: Action) -> str: the stratum of a decision whose action (the
-    #     teacher's) is ``action``, for teacher decision sets (e.g. conquest's reinforce / trade / attack / occupy /
-    #     fortify). Default: the action's type. See :func:`recruit_trl.decisions.teacher_sets.decision_stratum`.
-    # def describe_tasks(self, all_tasks: bool) -> list[dict[str, Any]]: one row per task for
-    #     ``recruit-trl tasks`` (the first column its id; ``all_tasks``: also variants outside :meth:`tasks`).
-    #     Default: the ids of :meth:`tasks`. See :func:`describe_tasks`.
-    # def episode_outcome(self, obs: Observation, info: Info) -> float: what a finished episode is worth to episode
-    #     mode's episode-level advantage (e.g. conquest's win: 1.0, a loss or a timeout 0.0). Default: the final
-    #     score (0.0 when there is none). See :func:`episode_outcome`.
-    # def potential(self, obs: Observation) -> float: how good a state is, for episode mode's step-level returns
-    #     (the step reward is the potential's change; e.g. conquest's mean of territory and army shares). Default:
-    #     none, and the step reward is the environment's own. See :func:`step_reward`.
-    # def state_key(self, obs: Observation) -> Hashable: what makes two states the same, for episode mode's step
-    #     groups (e.g. conquest leaves out its event log). Default: the whole observation. See :func:`state_key`.
+    def get_policy(self, name: str) -> Policy:
+        """The environment policy called ``name``. Here only :data:`FALLBACK_POLICY` (the fallback agent, which every
+        environment has); a subclass adds its own policies and hands other names to this method.
 
+        Raises:
+            ValueError: for an unknown name.
+        """
+        if name == FALLBACK_POLICY:
+            return FallbackPolicy(self)
+        raise ValueError(f"Unknown policy {name!r} for environment {self.name!r} (every environment has "
+                         f"{FALLBACK_POLICY!r})")  # fmt: skip
 
-def episode_metrics(interface: EnvInterface, obs: Observation, info: Info) -> Mapping[str, float]:
-    """The interface's optional ``episode_metrics(obs, info)`` after a step; none by default."""
-    metrics = getattr(interface, "episode_metrics", None)
-    return metrics(obs, info) if metrics is not None else {}
+    def action_shaping(self, obs: Observation, action: Action) -> float:
+        """A shaping bonus for choosing ``action`` in ``obs`` (scored once, for the sampled action). Default: 0."""
+        return 0.0
 
+    def outcome(self, info: Info) -> str:
+        """A short outcome string for the digest of recent actions. Default: the step's ``last_action_error``, else
+        ``"ok"``."""
+        return str(info.get("last_action_error") or "ok")
 
-def episode_outcome(interface: EnvInterface, obs: Observation, info: Info) -> float:
-    """The interface's optional ``episode_outcome(obs, info)`` of a finished episode; by default its final score
-    (0.0 when ``info`` has none)."""
-    outcome = getattr(interface, "episode_outcome", None)
-    if outcome is not None:
-        return float(outcome(obs, info))
-    score = interface.final_score(info)
-    return float(score) if score is not None else 0.0
+    def action_key(self, action: Action) -> Hashable:
+        """What identifies an action when two are compared (SFT labels, teacher match, guides, DAgger). Default: the
+        whole action, canonically serialised (the clinical environment ignores its free-text hypothesis)."""
+        return json.dumps(action, sort_keys=True, default=str)
 
+    def score_terms(self, env: MultiStepEnv) -> Mapping[str, float] | None:
+        """The weighted parts of the finished episode's final grade, for reports. Default: none."""
+        return None
 
-def step_reward(interface: EnvInterface, obs_before: Observation, obs: Observation, reward: float) -> float:
-    """A step's reward for episode mode's n-step returns: the change of the interface's optional ``potential(obs)``
-    from ``obs_before`` to ``obs``, else the environment's own ``reward``."""
-    potential = getattr(interface, "potential", None)
-    return float(potential(obs) - potential(obs_before)) if potential is not None else float(reward)
+    def episode_metrics(self, obs: Observation, info: Info) -> Mapping[str, float]:
+        """Numbers read after every step (e.g. the clinical ``{"enrolled": ..., "budget_left": ...}``); evaluation
+        rows carry ``<name>_mean``, the mean of the value at the episode's end. Default: none."""
+        return {}
 
+    def episode_outcome(self, obs: Observation, info: Info) -> float:
+        """What a finished episode is worth to episode mode's episode-level advantage (e.g. conquest's win: 1.0, a loss
+        or a timeout 0.0). Default: the final score (0.0 when ``info`` has none)."""
+        score = self.final_score(info)
+        return float(score) if score is not None else 0.0
 
-def state_key(interface: EnvInterface, obs: Observation) -> Hashable:
-    """The interface's optional ``state_key(obs)``; by default the whole observation, canonically serialised."""
-    key = getattr(interface, "state_key", None)
-    return key(obs) if key is not None else json.dumps(obs, sort_keys=True, default=str)
+    def potential(self, obs: Observation) -> float | None:
+        """How good a state is, for episode mode's step-level returns (the step reward is the potential's change;
+        e.g. conquest's mean of territory and army shares). Default: ``None``, and the step reward is the
+        environment's own (:meth:`step_reward`)."""
+        return None
 
+    def step_reward(self, obs_before: Observation, obs: Observation, reward: float) -> float:
+        """A step's reward for episode mode's n-step returns: the change of :meth:`potential` from ``obs_before`` to
+        ``obs``, or the environment's own ``reward`` when there is no potential."""
+        before, after = self.potential(obs_before), self.potential(obs)
+        return float(reward) if before is None or after is None else float(after - before)
 
-def remote_env(interface: EnvInterface, url: str, task: str, transport: str) -> MultiStepEnv:
-    """A client of the environment server at ``url`` from the interface's optional ``remote_env``.
+    def state_key(self, obs: Observation) -> Hashable:
+        """What makes two states the same, for episode mode's step groups (e.g. conquest leaves out its event log).
+        Default: the whole observation, canonically serialised."""
+        return json.dumps(obs, sort_keys=True, default=str)
 
-    Raises:
-        ValueError: when the interface has no remote client.
-    """
-    make = getattr(interface, "remote_env", None)
-    if make is None:
-        raise ValueError(f"Environment {interface.name!r} has no remote client (no remote_env): evaluate in-process")
-    return make(url, task, transport)
+    def remote_env(self, url: str, task: str, transport: str) -> MultiStepEnv:
+        """A client of the environment server at ``url`` (``recruit-trl eval --env-url``).
 
+        Raises:
+            ValueError: by default: the environment has no remote client.
+        """
+        raise ValueError(f"Environment {self.name!r} has no remote client (no remote_env): evaluate in-process")
 
-def describe_tasks(interface: EnvInterface, all_tasks: bool = False) -> list[dict[str, Any]]:
-    """The interface's optional ``describe_tasks(all_tasks)`` rows, by default ``{"id": task}`` per task."""
-    describe = getattr(interface, "describe_tasks", None)
-    return describe(all_tasks) if describe is not None else [{"id": task} for task in interface.tasks()]
+    def decision_phase(self, obs: Observation, action: Action) -> str:
+        """The stratum of a decision whose action (the teacher's) is ``action``, for teacher decision sets (e.g.
+        conquest's reinforce / trade / attack / occupy / fortify). Default: the action's type."""
+        return self.action_type(action)
+
+    def describe_tasks(self, all_tasks: bool = False) -> list[dict[str, Any]]:
+        """One row per task for ``recruit-trl tasks`` (the first column its id; ``all_tasks``: also variants outside
+        :meth:`tasks`). Default: the ids of :meth:`tasks`."""
+        return [{"id": task} for task in self.tasks()]
 
 
 ENTRY_POINT_GROUP = "recruit_trl.envs"
@@ -262,7 +279,10 @@ def get_env_interface(name: str) -> EnvInterface:
             known = sorted(set(_REGISTRY) | set(entry_points))
             raise ValueError(f"Unknown environment {name!r}. Known: {known}; or pass 'package.module:attribute'.")
     entry = _REGISTRY[name]
-    if callable(entry) and not hasattr(entry, "render"):
+    if not isinstance(entry, EnvInterface) and callable(entry):  # a factory (or the class itself)
         entry = entry()
         _REGISTRY[name] = entry
+    if not isinstance(entry, EnvInterface):
+        raise ValueError(f"Environment {name!r} is a {type(entry).__name__}, not an EnvInterface: subclass "
+                         "recruit_trl.protocol.EnvInterface")  # fmt: skip
     return entry

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recruit_trl.contracts import build_messages, completion_text, digest
-from recruit_trl.protocol import Action, EnvInterface, Observation, action_key, policy_action
+from recruit_trl.protocol import Action, EnvInterface, Observation, policy_action
 
 # A candidate teacher picks an index into the interface's candidate list (obs, candidates, rng) -> int.
 CandidateTeacher = Callable[[Observation, Sequence[Action], random.Random], int]
@@ -43,14 +43,14 @@ def fallback_teacher(interface: EnvInterface) -> CandidateTeacher:
 
 def same_action(interface: EnvInterface, a: Action, b: Action) -> bool:
     """Whether two actions do the same thing: equal :func:`recruit_trl.protocol.action_key`."""
-    return action_key(interface, a) == action_key(interface, b)
+    return interface.action_key(a) == interface.action_key(b)
 
 
 def match_candidate(interface: EnvInterface, action: Action, candidates: Sequence[Action]) -> int | None:
     """Index of the candidate taking the same action as ``action`` (see :func:`same_action`), else ``None``."""
-    key = action_key(interface, action)
+    key = interface.action_key(action)
     for k, cand in enumerate(candidates):
-        if action_key(interface, cand) == key:
+        if interface.action_key(cand) == key:
             return k
     return None
 

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from env.clinical import ClinicalRecruitmentEnv
 from recruit_trl.contracts import (
-    DEFAULT_JSON_INSTRUCTIONS,
     INDEX_INSTRUCTIONS,
     build_messages,
     completion_text,
@@ -18,7 +17,7 @@ from recruit_trl.contracts import (
     parse_index,
     parse_json_object,
 )
-from recruit_trl.protocol import get_env_interface
+from recruit_trl.protocol import EnvInterface, get_env_interface
 
 INTERFACE = get_env_interface("clinical")
 HUGE_INT = "7" * 5000  # over Python's 4,300-digit limit on int(str), which json.loads applies
@@ -230,14 +229,13 @@ def test_the_answer_format_follows_the_contract_and_the_interface(obs):
     )
     assert build_messages(INTERFACE, obs, [], "index")[0]["content"].endswith(f"budget.\n{INDEX_INSTRUCTIONS}")
 
-    class Plain:  # the clinical interface without its optional json_instructions
-        def __getattr__(self, name):
-            if name == "json_instructions":
-                raise AttributeError(name)
-            return getattr(INTERFACE, name)
+    class Plain(type(INTERFACE)):  # the clinical interface with the base class's json_instructions
+        json_instructions = EnvInterface.json_instructions
 
-    assert build_messages(Plain(), obs, [], "json")[0]["content"].endswith(f"budget.\n{DEFAULT_JSON_INSTRUCTIONS}")
-    assert DEFAULT_JSON_INSTRUCTIONS == "Answer with exactly one JSON object: the action."
+    assert build_messages(Plain(), obs, [], "json")[0]["content"].endswith(
+        f"budget.\n{EnvInterface.json_instructions}"
+    )
+    assert EnvInterface.json_instructions == "Answer with exactly one JSON object: the action."
 
 
 def test_candidates_are_legal_and_listed(obs):

@@ -12,7 +12,7 @@ from trl import GRPOTrainer
 
 import recruit_trl.rollout.rollout_funcs as rollout_mod
 from recruit_trl.models.tokenizer import build_tokenizer
-from recruit_trl.protocol import get_env_interface, state_key, step_reward
+from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.advantages import (
     AdvantageWeights,
     decision_advantages,
@@ -84,9 +84,9 @@ def test_conquest_offers_a_win_outcome_a_potential_and_state_keys():
     assert CONQUEST.episode_outcome(obs, {"outcome": "win"}) == 1.0
     assert CONQUEST.episode_outcome(obs, {"outcome": "timeout"}) == 0.0  # holding the board at the limit is no win
     new, reward, *_ = env.step(CONQUEST.candidate_actions(obs)[0])
-    assert step_reward(CONQUEST, obs, new, reward) == pytest.approx(CONQUEST.potential(new) - CONQUEST.potential(obs))
-    assert state_key(CONQUEST, {**obs, "events": ["something else"]}) == state_key(CONQUEST, obs)
-    assert state_key(CONQUEST, new) != state_key(CONQUEST, obs)
+    assert CONQUEST.step_reward(obs, new, reward) == pytest.approx(CONQUEST.potential(new) - CONQUEST.potential(obs))
+    assert CONQUEST.state_key({**obs, "events": ["something else"]}) == CONQUEST.state_key(obs)
+    assert CONQUEST.state_key(new) != CONQUEST.state_key(obs)
 
 
 def play(tokenizer, monkeypatch, texts, group=4, **config):

@@ -1,7 +1,8 @@
 """Layering: recruit_trl and the environments meet only through recruit_trl.protocol and entry points.
 
-``env/`` never imports ``recruit_trl``, ``recruit_trl/`` never imports ``env`` (not even inside a function, nor by
-a module name in a string), and environments are found by name through the ``recruit_trl.envs`` entry points.
+``env/``'s agent interfaces import ``recruit_trl.protocol`` (their base class) and nothing else of recruit_trl; the
+rest of ``env/`` never imports it. ``recruit_trl/`` never imports ``env`` (not even inside a function, nor by a
+module name in a string), and environments are found by name through the ``recruit_trl.envs`` entry points.
 """
 
 from __future__ import annotations
@@ -50,9 +51,24 @@ def imports_of(folder: str, package: str) -> list[str]:
     ]
 
 
-def test_env_never_imports_recruit_trl():
-    bad = imports_of("env", "recruit_trl")
-    assert not bad, f"env/ imports recruit_trl at {bad}"
+def test_env_imports_only_recruit_trls_protocol_and_only_in_its_agent_interfaces():
+    """An environment's interface subclasses ``recruit_trl.protocol.EnvInterface``; nothing else in ``env/`` (engines,
+    servers, clients) imports recruit_trl, and no environment imports more of it than the protocol."""
+    bad = []
+    for path in sources("env"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            for module in modules:
+                if module.split(".")[0] == "recruit_trl" and (
+                    module != "recruit_trl.protocol" or path.name != "agent.py"
+                ):
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {module}")
+    assert not bad, f"env/ imports more of recruit_trl than the protocol in its agent interfaces: {bad}"
 
 
 def test_recruit_trl_never_imports_env():
@@ -79,7 +95,7 @@ def test_the_clinical_environment_is_an_installed_entry_point():
 
 def test_lookup_order_and_errors(monkeypatch):
     monkeypatch.setattr(protocol, "_REGISTRY", {})
-    mine = SimpleNamespace(name="mine", render=None)  # an interface, not a factory (it renders)
+    mine = type("Mine", (protocol.EnvInterface,), {"name": "mine"})()  # an interface instance, not a factory
     register_env("clinical", mine)  # the in-process registry comes first
     assert get_env_interface("clinical") is mine
     register_env("factory", lambda: mine)  # a factory is called once
@@ -88,6 +104,22 @@ def test_lookup_order_and_errors(monkeypatch):
         get_env_interface("nowhere")
     with pytest.raises(ValueError, match="Cannot import environment interface 'env.clinical.agent:MISSING'"):
         get_env_interface("env.clinical.agent:MISSING")
+    register_env("duck", SimpleNamespace(name="duck", render=None))  # duck-typed: no base class, no defaults
+    with pytest.raises(ValueError, match="'duck' is a SimpleNamespace, not an EnvInterface"):
+        get_env_interface("duck")
+
+
+def test_every_environment_has_the_fallback_agent_as_a_policy():
+    import random
+
+    for name in ("clinical", "conquest"):
+        interface = get_env_interface(name)
+        env = interface.make_env(interface.tasks()[0])
+        obs, _ = env.reset(seed=0)
+        policy = interface.get_policy(protocol.FALLBACK_POLICY)
+        assert policy(obs, random.Random(0)) == interface.fallback_action(obs)
+        with pytest.raises(ValueError, match="Unknown policy"):
+            interface.get_policy("no-such-policy")
 
 
 # recruit_trl's rooms, bottom to top: a module imports only from its own room or a lower one. The foundation is the

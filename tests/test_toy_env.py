@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 
 import recruit_trl.rollout.rollout_funcs as rollout_mod
-from recruit_trl.contracts import DEFAULT_JSON_INSTRUCTIONS
 from recruit_trl.evaluation.evaluate import EvalConfig, evaluate
 from recruit_trl.evaluation.report import format_table, summary, write_report
 from recruit_trl.models.tokenizer import build_tokenizer
-from recruit_trl.protocol import get_env_interface
+from recruit_trl.protocol import EnvInterface, get_env_interface
 from recruit_trl.rollout.anchors import Anchor
 from recruit_trl.rollout.config import RolloutConfig
 from recruit_trl.rollout.rollout_funcs import make_rollout
@@ -86,7 +85,7 @@ def test_traces_render_the_toy_prompts(toy):
     assert rows[0]["messages"][1]["content"].startswith("Day 0/12 | position 0 | target 3\nActions:\n0: left")
     assert {r["action_type"] for r in rows} <= {"left", "right", "wait", "stop"}
     (json_row,) = collect_traces(toy, ["near"], [0], teacher="greedy", contract="json", max_days=1)
-    assert json_row["messages"][0]["content"].endswith(DEFAULT_JSON_INSTRUCTIONS)
+    assert json_row["messages"][0]["content"].endswith(EnvInterface.json_instructions)
     assert json.loads(json_row["completion"]) == {"kind": "right"}
 
 

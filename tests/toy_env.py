@@ -12,6 +12,8 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from recruit_trl.protocol import EnvInterface
+
 DAYS = 12
 TARGETS = {"near": 3, "far": 8}  # task -> target position (the walk starts at 0)
 KINDS = ("left", "right", "wait", "stop")
@@ -81,7 +83,7 @@ class Planner:
         return {"kind": "stop" if env.position == env.target else toward(env.observation())}
 
 
-class ToyInterface:
+class ToyInterface(EnvInterface):
     """recruit_trl's ``EnvInterface`` for :class:`Walk` (required members only: every optional one keeps its
     generic default)."""
 
@@ -135,9 +137,7 @@ class ToyInterface:
 
     def get_policy(self, name: str):
         policies = {"greedy": greedy_policy, "random": random_policy, "planner": Planner()}
-        if name not in policies:
-            raise ValueError(f"unknown policy {name!r}; expected one of {sorted(policies)}")
-        return policies[name]
+        return policies[name] if name in policies else super().get_policy(name)
 
 
 TOY = ToyInterface()

@@ -1,8 +1,9 @@
 """The clinical environment seen by an LLM agent: compact prompts, candidate actions and reward components.
 
-This module implements recruit_trl's ``EnvInterface`` protocol for :class:`env.ClinicalRecruitmentEnv` (without
-importing recruit_trl): :data:`CLINICAL`, which the package declares as the entry point ``clinical`` of the
-``recruit_trl.envs`` group (``pyproject.toml``). It is the only place where the plugin meets clinical details.
+This module implements recruit_trl's ``EnvInterface`` for :class:`env.ClinicalRecruitmentEnv` (a subclass of
+:class:`recruit_trl.protocol.EnvInterface`, the one recruit_trl module ``env`` imports): :data:`CLINICAL`, which the
+package declares as the entry point ``clinical`` of the ``recruit_trl.envs`` group (``pyproject.toml``). It is the
+only place where the plugin meets clinical details, and it holds the environment's defaults for training.
 
 * Rendering: one short block per decision (day, budget, enrolment vs target, funnel, pressures, what the
   fixed calendar still holds (see :func:`calendar_line`), sites, plan and memory, and a digest of the last
@@ -42,6 +43,7 @@ from env.clinical.models import ACTION_TYPES, validate_action
 from env.clinical.policies import get_policy, register_policy
 from env.clinical.tasks import ALL_TASKS, PUBLIC_TASK_IDS, TASKS, get_task
 from env.clinical.world import curriculum_windows, hold_days, scheduled_dropout_days
+from recruit_trl.protocol import FALLBACK_POLICY, EnvInterface
 
 WORLD_HYPOTHESIS = {"noise": "noise_dominant", "site_bias": "site_bias", "dropout": "dropout_dominant"}
 SHAPING = {"allocate_to_site": 0.20, "recontact": 0.15, "screen_patient": 0.10}
@@ -141,7 +143,7 @@ def negotiation_order(obs: Mapping[str, Any]) -> list[str]:
     return sorted(sites, key=lambda sid: (settled(sites[sid]), sid != target, sites[sid]["conversion_rate"]))
 
 
-class ClinicalInterface:
+class ClinicalInterface(EnvInterface):
     """:class:`recruit_trl.protocol.EnvInterface` for the clinical recruitment environment."""
 
     name = "clinical"
@@ -175,7 +177,7 @@ class ClinicalInterface:
         return tuple(action.get(f) for f in MATCH_FIELDS)
 
     def get_policy(self, name: str):
-        return get_policy(name)
+        return super().get_policy(name) if name == FALLBACK_POLICY else get_policy(name)
 
     def remote_env(self, url: str, task: str, transport: str):
         """A client of a server of this environment (ours or the reference's), with the local environment's API."""

@@ -1,9 +1,10 @@
 """conquest seen by an LLM agent: recruit_trl's ``EnvInterface`` (:data:`CONQUEST`) and the env it plays.
 
-This module implements recruit_trl's ``EnvInterface`` protocol for the conquest board game (without importing
-recruit_trl): :data:`CONQUEST`, which the package declares as the entry point ``conquest`` of the
-``recruit_trl.envs`` group (``pyproject.toml``). The texts, candidates, rewards and scores are the spec's
-(``docs/spec/conquest/rules.md`` sections 6-9); this module only maps them onto the interface.
+This module implements recruit_trl's ``EnvInterface`` for the conquest board game (a subclass of
+:class:`recruit_trl.protocol.EnvInterface`, the one recruit_trl module ``env`` imports): :data:`CONQUEST`, which the
+package declares as the entry point ``conquest`` of the ``recruit_trl.envs`` group (``pyproject.toml``). The texts,
+candidates, rewards and scores are the spec's (``docs/spec/conquest/rules.md`` sections 6-9); this module maps
+them onto the interface and holds the game's defaults for training.
 
 Design: the plugin asks for an action's candidates, prompt text and fallback from the observation alone
 (``candidate_actions(obs)``, ``render(obs, recent)``, ``fallback_action(obs)``), but the spec's candidate list needs
@@ -45,6 +46,7 @@ from env.conquest.board import CODES, INDEX
 from env.conquest.core import ConquestEnv
 from env.conquest.policies import ConquestPolicy, get_policy
 from env.conquest.tasks import TASKS
+from recruit_trl.protocol import FALLBACK_POLICY, EnvInterface
 
 REWARD_FIELDS = ("territory", "continent", "elimination", "invalid", "outcome")
 # One word: the prompt (system + board + candidates) must stay within 700 tokens of the tiny model's tokenizer, and
@@ -162,7 +164,7 @@ def agent_fields(obs: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[str
     return obs["candidates"], obs["candidate_texts"], obs["board_text"]
 
 
-class ConquestInterface:
+class ConquestInterface(EnvInterface):
     """:class:`recruit_trl.protocol.EnvInterface` for the conquest board game."""
 
     name = "conquest"
@@ -189,7 +191,7 @@ class ConquestInterface:
         return str(action.get("type"))
 
     def get_policy(self, name: str) -> ConquestPolicy:
-        return get_policy(name)
+        return super().get_policy(name) if name == FALLBACK_POLICY else get_policy(name)
 
     def remote_env(self, url: str, task: str, transport: str) -> RemoteConquestAgentEnv:
         """A client of ``recruit-trl serve --env conquest`` whose observations are :meth:`make_env`'s."""

@@ -109,7 +109,7 @@ def evaluate_decisions(
         )  # fmt: skip
         seconds["state_value_per_continuation"] = values.pop("seconds_per_continuation")
     config = {
-        "env": getattr(interface, "name", type(interface).__name__),
+        "env": interface.name,
         "teacher": teacher,
         "contract": decisions[0].contract if decisions else None,
         "decisions": len(decisions),

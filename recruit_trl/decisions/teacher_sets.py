@@ -108,10 +108,8 @@ class Step:
 
 
 def decision_stratum(interface: EnvInterface, obs: Observation, action: Action) -> str:
-    """The stratum of a decision: the interface's optional ``decision_phase(obs, action)`` (``action`` is the
-    teacher's), else the action's type."""
-    phase = getattr(interface, "decision_phase", None)
-    return str(phase(obs, action)) if phase is not None else interface.action_type(action)
+    """The stratum of a decision: the interface's ``decision_phase(obs, action)`` (``action`` is the teacher's)."""
+    return str(interface.decision_phase(obs, action))
 
 
 def teacher_game(interface: EnvInterface, teacher: str, task: str, seed: int, recent_k: int = 2) -> Iterator[Step]:

@@ -47,7 +47,7 @@ from recruit_trl.evaluation.metrics import (
 )
 from recruit_trl.files import write_text_atomic
 from recruit_trl.models.loading import load_for_inference
-from recruit_trl.protocol import EnvInterface, episode_metrics, get_env_interface, policy_action, remote_env
+from recruit_trl.protocol import EnvInterface, get_env_interface, policy_action
 from recruit_trl.rollout.anchors import MODEL_PREFIX, Anchor, AnchorState
 from recruit_trl.traces import match_candidate, same_action, trace_row
 from recruit_trl.versions import versions
@@ -101,7 +101,7 @@ class Evaluator:
     # ------------------------------------------------------------------ environments
     def make_env(self, task: str):
         if self.config.env_url:
-            return remote_env(self.interface, self.config.env_url, task, self.config.transport)
+            return self.interface.remote_env(self.config.env_url, task, self.config.transport)
         return self.interface.make_env(task)
 
     def _teacher_action(self, env, obs, rng: random.Random) -> dict | None:
@@ -270,7 +270,7 @@ class Evaluator:
             self.trace.append(record)
         log.length += 1
         log.decisions += 1
-        for name, value in episode_metrics(self.interface, obs, info).items():
+        for name, value in self.interface.episode_metrics(obs, info).items():
             log.metrics.setdefault(name, []).append(value)
         log.action_types[self.interface.action_type(action)] += 1
         if parsed_json is not None:
@@ -283,8 +283,7 @@ class Evaluator:
 
     def _finish(self, log: EpisodeLog, obs: dict, info: dict, env) -> None:
         log.final_score = self.interface.final_score(info)
-        score_terms = getattr(self.interface, "score_terms", None)
-        log.score_terms = score_terms(env) if score_terms is not None else None
+        log.score_terms = self.interface.score_terms(env)
 
 
 def run_in_workers(config: EvalConfig, name: str, progress: Callable[[int], None] | None = None) -> list[EpisodeLog]:
@@ -343,9 +342,9 @@ def evaluate(
     evaluator = Evaluator(config)
     config, interface = evaluator.config, evaluator.interface
     curves = {
-        "curve_metrics": getattr(interface, "curve_metrics", ()),
-        "metric_days": getattr(interface, "metric_days", ()),
-        "rate_metrics": getattr(interface, "rate_metrics", ()),
+        "curve_metrics": interface.curve_metrics,
+        "metric_days": interface.metric_days,
+        "rate_metrics": interface.rate_metrics,
     }
     trace: list[dict[str, Any]] = []
     results = []

@@ -325,14 +325,14 @@ def write_report(
         paths["action_types"] = str(plot_action_types(curves, out / "action_types.png"))
     results = report.get("results")
     if results:
-        references = getattr(interface, "reference_scores", None)
+        references = interface.reference_scores if interface is not None else None
         paths["final_scores"] = str(
             plot_results(results, out / "final_scores.png", "Held-out final score", references)
         )
         terms_plot = plot_score_terms(results, out / "score_terms.png")
         if terms_plot is not None:
             paths["score_terms"] = str(terms_plot)
-        band = getattr(interface, "reference_band", None)
+        band = interface.reference_band if interface is not None else None
         for metric in dict.fromkeys(name for r in results for name in curve_names(r)):
             paths[f"{metric}_by_day"] = str(plot_curve(results, metric, out / f"{metric}_by_day.png", band))
     if report.get("decisions") and report["decisions"].get("benchmark"):
@@ -410,10 +410,10 @@ def summary(report: dict[str, Any], interface: EnvInterface | None = None, secti
             shown = ", ".join(f"{m} {c['diff']:+.3f} ± {c['se']:.3f}" for m, c in cells.items())
             lines.append(f"{policy} minus {reference} on {task}, same seeds (n={next(iter(cells.values()))['n']}): "
                          f"{shown}" if cells else f"{policy} minus {reference} on {task}: -")  # fmt: skip
-    references = getattr(interface, "reference_scores", None)
+    references = interface.reference_scores if interface is not None else None
     if references:
         lines.append(f"{'reference':<12}" + "".join(f"{references.get(t, float('nan')):>24.3f}" for t in tasks))
-    band = getattr(interface, "reference_band", None)
+    band = interface.reference_band if interface is not None else None
     for metric in dict.fromkeys(name for r in results for name in curve_names(r)):
         days = list(next((r[f"{metric}_at_mean"] for r in results if r.get(f"{metric}_at_mean")), {}))
         title = f"{metric} after " + "".join(f"day {d} / " for d in days) + "peak / end"

@@ -52,12 +52,8 @@ from recruit_trl.models.generation import answer_token_ids, encode_prompt, polic
 from recruit_trl.protocol import (
     Action,
     EnvInterface,
-    episode_metrics,
-    episode_outcome,
     get_env_interface,
     policy_action,
-    state_key,
-    step_reward,
 )
 from recruit_trl.rollout.advantages import AdvantageWeights, decision_advantages
 from recruit_trl.rollout.anchors import Anchor, AnchorCache, AnchorState, anchor_from_prompt
@@ -110,10 +106,10 @@ class _RolloutBase:
     def _rates(self, ends: list[tuple[dict, dict]]) -> dict[str, float]:
         """The interface's rate metrics (e.g. a win) at the end of scored continuations ``(obs, info)``, averaged;
         empty for an interface without them."""
-        names = getattr(self.interface, "rate_metrics", ())
+        names = self.interface.rate_metrics
         if not names or not ends:
             return {}
-        values = [episode_metrics(self.interface, obs, info) for obs, info in ends]
+        values = [self.interface.episode_metrics(obs, info) for obs, info in ends]
         return {name: sum(float(v.get(name, 0.0)) for v in values) / len(values) for name in names}
 
     def _extra_fields(self, rows: list[dict[str, Any]]) -> dict[str, list]:
@@ -148,7 +144,7 @@ class _RolloutBase:
             log(f"rollout/action_type/{kind}", counts.get(kind, 0) / n)
         entropy = -sum(c / n * math.log(c / n) for c in counts.values())
         log("rollout/action_entropy", entropy)
-        for name in getattr(self.interface, "rate_metrics", ()):  # e.g. rollout/win_rate: where the rows' games end
+        for name in self.interface.rate_metrics:  # e.g. rollout/win_rate: where the rows' games end
             log(f"rollout/{name}_rate", sum(r["rates"].get(name, 0.0) for r in rows) / n)
         log("rollout/action_entropy_normalized", entropy / math.log(max(2, len(self.interface.action_types()))))
         log("rollout/env_time_share", self.scorer.env_seconds / seconds if seconds > 0 else 0.0)
@@ -633,7 +629,7 @@ class EpisodeRollout(_RolloutBase):
                                                                 strict=True):  # fmt: skip
                 before = e["obs"]
                 parsed = parse_action(text, self.config.contract, self.interface, before, cands)
-                key = state_key(self.interface, before)
+                key = self.interface.state_key(before)
                 e["env"].reseed(day_seed(e["seed"], decision))
                 parsed, (obs, reward, terminated, truncated, info) = self.scorer.apply(e["env"], before, parsed)
                 add_components(e["totals"], self.interface.step_components(before, parsed.action, obs, reward, info))
@@ -644,7 +640,7 @@ class EpisodeRollout(_RolloutBase):
                     "action_type": self.interface.action_type(parsed.action),
                     "action_error": info.get("last_action_error"), "teacher_match": None,
                 })  # fmt: skip
-                e["step_rewards"].append(step_reward(self.interface, before, obs, reward))
+                e["step_rewards"].append(self.interface.step_reward(before, obs, reward))
                 e["keys"].append(key)
                 e["recent"] = last([*e["recent"], digest(self.interface, e["day"], parsed.action, info)],
                                    self.config.recent_k)  # fmt: skip
@@ -658,7 +654,7 @@ class EpisodeRollout(_RolloutBase):
                 )
                 e["info"], e["obs"] = info or e["info"], obs
             e["final_score"] = self.interface.final_score(e["info"])
-            e["outcome"] = episode_outcome(self.interface, e["obs"], e["info"])
+            e["outcome"] = self.interface.episode_outcome(e["obs"], e["info"])
             e["rates"] = self._rates([(e["obs"], e["info"])])
             for row in e["rows"]:  # the episode's outcome, for the reward functions TRL logs
                 row.update({name: e["totals"][name] for name in self.interface.reward_fields})
@@ -678,7 +674,7 @@ class EpisodeRollout(_RolloutBase):
         scores = [e["final_score"] for e in episodes if e["final_score"] is not None]
         if scores:
             log("episode/final_score", sum(scores) / len(scores))
-        for name in getattr(self.interface, "rate_metrics", ()):
+        for name in self.interface.rate_metrics:
             log(f"episode/{name}_rate", sum(e["rates"].get(name, 0.0) for e in episodes) / n)
         log("episode/decisions", sum(len(e["rows"]) for e in episodes) / n)
         log("episode/zero_variance_groups", sum(s["zero_variance"] for s in group_stats) / len(group_stats))
