@@ -11,8 +11,9 @@ With no arguments on a CPU machine this is the main job, end to end in one outpu
 
 Top to bottom (steps 2-6 are ``recruit_trl.pipeline.run_rl``, which the REINFORCE recipe runs with its own trainer):
 1. Arguments: ``ScriptArguments`` (anchors, rollout mode, rewards, warm start, report) + ``GRPOConfig`` +
-   ``ModelConfig`` through ``TrlParser`` (``--config file.yaml`` supported); CPU-friendly defaults, and a named
-   model's own (``recruit_trl.training.defaults.MODEL_PRESETS``: ``smollm2``'s are sized for 45 minutes on 2 cores).
+   ``ModelConfig`` through ``TrlParser`` (``--config file.yaml`` supported); CPU-friendly defaults under the
+   environment's own (``env/clinical/training_defaults.py``) under a named model's (``smollm2``'s are sized for 45
+   minutes on 2 cores): ``recruit_trl.training.defaults.recipe_defaults``.
 2. The environment interface (``--env``) and its tasks (``--tasks``, default: all of the environment's).
 3. The policy model: ``tiny`` (a warm tiny Qwen3 built locally and cached), ``smollm2`` (from its wheel), or
    any local folder / cached hub id, loaded as ``ModelConfig`` says in every stage (dtype, attention,
@@ -48,7 +49,7 @@ from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser  # noqa: E402
 
 from recruit_trl.pipeline import run_rl  # noqa: E402
 from recruit_trl.training.arguments import ScriptArguments
-from recruit_trl.training.defaults import MODEL_PRESETS, cpu_defaults, model_defaults, preset_name  # noqa: E402
+from recruit_trl.training.defaults import recipe_defaults  # noqa: E402
 
 
 def main(
@@ -60,10 +61,7 @@ def main(
 
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, GRPOConfig, ModelConfig]:
     parser = TrlParser((ScriptArguments, GRPOConfig, ModelConfig))
-    preset = preset_name(sys.argv[1:] if argv is None else argv)  # e.g. smollm2: defaults sized for its CPU run
-    own = {"output_dir": f"outputs/grpo_clinical_{preset}" if preset else "outputs/grpo_clinical"}
-    preset_values = MODEL_PRESETS[preset] if preset else {}
-    parser.set_defaults(**{**cpu_defaults(), **own, **model_defaults(), **preset_values})
+    parser.set_defaults(**recipe_defaults("rl", "grpo_clinical", "clinical", sys.argv[1:] if argv is None else argv))
     return parser.parse_args_and_config(args=argv)
 
 

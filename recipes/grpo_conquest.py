@@ -9,8 +9,10 @@ With no arguments on a CPU machine this runs the whole pipeline on the tiny mode
     python recipes/grpo_conquest.py --config recipes/grpo_conquest.yaml
 
 Top to bottom (the pipeline is ``recruit_trl.pipeline.run_rl``, the clinical recipe's, with the settings below):
-1. Arguments: ``ScriptArguments`` + ``GRPOConfig`` + ``ModelConfig`` through ``TrlParser``; the conquest settings
-   (:data:`CONQUEST`) over the CPU defaults, a named model's own (:data:`PRESETS`) over those, the command line last.
+1. Arguments: ``ScriptArguments`` + ``GRPOConfig`` + ``ModelConfig`` through ``TrlParser``; the game's settings
+   (``env/conquest/training_defaults.py``) over the CPU defaults, a named model's own over those, the command line
+   last (``recruit_trl.training.defaults.recipe_defaults``): this recipe is ``recipes/grpo_clinical.py`` with
+   ``--env conquest``.
 2. The model: ``tiny`` is built here from the game's texts (tokenizer and a short warm-up) and cached.
 3. Warm start (``recipes/sft_conquest.py``'s pipeline, into ``<output_dir>/sft``): the teacher decision sets
    (``--sft_data teacher_sets``: the teacher plays ``classic3`` and ``duel``; train seeds 0-99, the fixed 100-row set
@@ -40,61 +42,7 @@ from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser  # noqa: E402
 
 from recruit_trl.pipeline import run_rl  # noqa: E402
 from recruit_trl.training.arguments import ScriptArguments  # noqa: E402
-from recruit_trl.training.defaults import cpu_defaults, model_defaults, preset_name
-
-# The conquest settings that differ from the pipeline's CPU defaults.
-CONQUEST = {
-    "env": "conquest",
-    "tasks": ["classic3", "duel"],
-    "output_dir": "outputs/grpo_conquest",
-    # Warm start: the teacher decision sets (train seeds 0-99; fixed 100-109; held-out 300-359).
-    "teacher": "teacher",
-    "sft_data": "teacher_sets",
-    "sft_train_seeds": "0-99",
-    "sft_fixed_seeds": "100-109",
-    "sft_heldout_seeds": "300-359",
-    "sft_max_type_fraction": 0.25,
-    "sft_length_buckets": True,
-    "sft_epochs": 1.0,
-    "dagger_rounds": 1,  # the student plays, the teacher labels its states: the student learns to recover
-    "dagger_seeds": "0-7",
-    "dagger_epochs": 0.5,
-    # GRPO: anchors on the teacher's games (train seeds), continuations by the teacher to the game's end.
-    "anchor_policy": "teacher",
-    "anchor_seeds": "0-15",
-    "anchor_days": "0-240:16",
-    "continuation_policy": "teacher",
-    "horizon": 5000,
-    # Report: held-out games (seeds never used above), decisions on held-out teacher states.
-    "eval_seeds": "1000-1029",  # 200 games a task: --eval_seeds 1000-1199 (a re-run evaluates only)
-    "eval_baselines": ["safe", "balanced", "teacher"],
-    "eval_constrained": False,
-    "decision_seeds": "500-507",
-    "decision_days": "0-200:20",
-    "decision_continuations": 4,  # one game's outcome from a state is mostly dice
-}
-# A named model's settings on top. SmolLM2 on 2 CPU cores: ~1.1 s per answer to a 520-token prompt, ~66 s per SFT
-# step of 8 rows, ~80 s per GRPO step; 45 minutes hold 12 SFT steps, 6 GRPO steps and the report's ~1,180 answers
-# (the benchmark on 100 fixed + 300 held-out rows for SFT and GRPO, the base model on the fixed rows as in the
-# anchor's table, no constrained pass; 93 states for base, SFT and GRPO). See docs/conquest.md.
-PRESETS = {
-    "smollm2": {
-        "output_dir": "outputs/grpo_conquest_smollm2",
-        "sft_max_steps": 12,
-        "sft_batch_size": 8,
-        "sft_learning_rate": 5e-4,
-        "sft_heldout_rows": 300,
-        "dagger_rounds": 0,  # a round plays whole games: minutes per game for SmolLM2 on CPU
-        "anchor_seeds": "0-3",
-        "max_steps": 6,
-        "per_device_train_batch_size": 8,
-        "num_generations": 4,
-        "learning_rate": 1e-4,
-        "save_steps": 2,
-        "benchmark_constrained": False,
-        "benchmark_base_heldout": False,
-    }
-}
+from recruit_trl.training.defaults import recipe_defaults  # noqa: E402
 
 
 def main(
@@ -106,8 +54,7 @@ def main(
 
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, GRPOConfig, ModelConfig]:
     parser = TrlParser((ScriptArguments, GRPOConfig, ModelConfig))
-    preset = preset_name(sys.argv[1:] if argv is None else argv)
-    parser.set_defaults(**{**cpu_defaults(), **model_defaults(), **CONQUEST, **PRESETS.get(preset, {})})
+    parser.set_defaults(**recipe_defaults("rl", "grpo_conquest", "conquest", sys.argv[1:] if argv is None else argv))
     return parser.parse_args_and_config(args=argv)
 
 

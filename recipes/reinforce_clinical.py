@@ -20,7 +20,7 @@ from trl import GRPOConfig, ModelConfig, TrlParser  # noqa: E402
 
 from recruit_trl.pipeline import run_rl  # noqa: E402
 from recruit_trl.training.arguments import ScriptArguments
-from recruit_trl.training.defaults import MODEL_PRESETS, cpu_defaults, model_defaults, preset_name  # noqa: E402
+from recruit_trl.training.defaults import recipe_defaults  # noqa: E402
 from recruit_trl.training.reinforce import REINFORCE_SETTINGS, ReinforceTrainer  # noqa: E402
 
 
@@ -33,10 +33,8 @@ def main(
 
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, GRPOConfig, ModelConfig]:
     parser = TrlParser((ScriptArguments, GRPOConfig, ModelConfig))
-    preset = preset_name(sys.argv[1:] if argv is None else argv)  # e.g. smollm2: defaults sized for its CPU run
-    preset_values = MODEL_PRESETS[preset] if preset else {}
-    own = {**REINFORCE_SETTINGS, "output_dir": "outputs/reinforce_clinical"}
-    parser.set_defaults(**{**cpu_defaults(), **model_defaults(), **preset_values, **own})
+    defaults = recipe_defaults("rl", "reinforce_clinical", "clinical", sys.argv[1:] if argv is None else argv)
+    parser.set_defaults(**{**defaults, **REINFORCE_SETTINGS})
     return parser.parse_args_and_config(args=argv)
 
 

@@ -26,10 +26,12 @@ Steps 2 to 5 are ``recruit_trl.training.warm_start.train_sft``, the pipeline the
 
 from __future__ import annotations
 
+import sys
+
 from trl import ModelConfig, SFTConfig, TrlParser
 
-from recruit_trl.training.defaults import model_defaults
-from recruit_trl.training.warm_start import SFTScriptArguments, sft_defaults, train_sft
+from recruit_trl.training.defaults import recipe_defaults
+from recruit_trl.training.warm_start import SFTScriptArguments, train_sft
 
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
@@ -38,7 +40,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
 
 def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, SFTConfig, ModelConfig]:
     parser = TrlParser((SFTScriptArguments, SFTConfig, ModelConfig))
-    parser.set_defaults(**sft_defaults(), output_dir="outputs/sft_clinical", **model_defaults())
+    parser.set_defaults(**recipe_defaults("sft", "sft_clinical", "clinical", sys.argv[1:] if argv is None else argv))
     return parser.parse_args_and_config(args=argv)
 
 

@@ -8,8 +8,8 @@ held-out sets.
 
 Top to bottom:
 1. Arguments: ``SFTScriptArguments`` (environment, tasks, teacher, seeds, DAgger) + TRL's ``SFTConfig`` +
-   ``ModelConfig`` through ``TrlParser``, with the conquest defaults below (a named model's own, e.g. ``smollm2``'s,
-   on top).
+   ``ModelConfig`` through ``TrlParser``, with the game's defaults (``env/conquest/training_defaults.py``; a named
+   model's own, e.g. ``smollm2``'s, on top: ``recruit_trl.training.defaults.recipe_defaults``).
 2. Data (``--data teacher_sets``): the teacher plays ``classic3`` and ``duel`` on three disjoint seed ranges, every
    decision is a row (the RL prompt, the answer ``{"action_index": k}``), capped so that no decision phase holds more
    than ``--max_type_fraction`` of a split: ``train`` (``--train_seeds``), ``fixed`` (100 rows, ``--fixed_seeds``)
@@ -34,35 +34,9 @@ from trl import ModelConfig, SFTConfig, TrlParser
 
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.training.arguments import with_env_tasks
-from recruit_trl.training.defaults import model_defaults, preset_name
+from recruit_trl.training.defaults import recipe_defaults
 from recruit_trl.training.model_setup import full_finetune, resolve_model_for
-from recruit_trl.training.warm_start import SFTScriptArguments, benchmark_sft, sft_defaults, train_sft
-
-# The conquest settings that differ from the SFT pipeline's defaults.
-CONQUEST = {
-    "env": "conquest",
-    "tasks": ["classic3", "duel"],
-    "teacher": "teacher",
-    "data": "teacher_sets",
-    "train_seeds": "0-99",
-    "fixed_seeds": "100-109",
-    "heldout_seeds": "300-359",
-    "max_type_fraction": 0.25,
-    "length_buckets": True,
-    "output_dir": "outputs/sft_conquest",
-    "num_train_epochs": 1,
-    "learning_rate": 1e-3,
-}
-# A named model's settings on top (its rows cost ~1 s each on 2 CPU cores).
-PRESETS = {
-    "smollm2": {
-        "output_dir": "outputs/sft_conquest_smollm2",
-        "max_steps": 60,
-        "per_device_train_batch_size": 8,
-        "learning_rate": 5e-4,
-        "heldout_rows": 300,
-    }
-}
+from recruit_trl.training.warm_start import SFTScriptArguments, benchmark_sft, train_sft
 
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
@@ -77,8 +51,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
 
 def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, SFTConfig, ModelConfig]:
     parser = TrlParser((SFTScriptArguments, SFTConfig, ModelConfig))
-    preset = preset_name(sys.argv[1:] if argv is None else argv)
-    parser.set_defaults(**{**sft_defaults(), **model_defaults(), **CONQUEST, **PRESETS.get(preset, {})})
+    parser.set_defaults(**recipe_defaults("sft", "sft_conquest", "conquest", sys.argv[1:] if argv is None else argv))
     return parser.parse_args_and_config(args=argv)
 
 

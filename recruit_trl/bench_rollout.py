@@ -66,10 +66,11 @@ def parse_args(argv: list[str] | None = None):
     from trl import GRPOConfig, ModelConfig, TrlParser
 
     from recruit_trl.training.arguments import ScriptArguments
-    from recruit_trl.training.defaults import cpu_defaults, model_defaults
+    from recruit_trl.training.defaults import recipe_defaults
 
     parser = TrlParser((BenchArguments, ScriptArguments, GRPOConfig, ModelConfig))
-    parser.set_defaults(**{**cpu_defaults(), **model_defaults(), "warm_start": "none", "report": False})
+    defaults = recipe_defaults("rl", "bench_rollout", "clinical", sys.argv[1:] if argv is None else argv)
+    parser.set_defaults(**{**defaults, "warm_start": "none", "report": False})
     bench, script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     if script_args.warm_start != "none" or script_args.sft_adapter or script_args.report:
         raise ValueError("bench_rollout trains the base model only: drop --warm_start, --sft_adapter and --report")

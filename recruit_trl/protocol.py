@@ -100,10 +100,12 @@ class EnvInterface:
         reference_scores: a published reference final score per task, drawn in plots and printed in summaries.
         reference_band: ``(metric, label, low, high)``, a published reference range of a curve metric, shaded on its
             curve plot up to the last of ``metric_days``.
-        rl_defaults: the environment's defaults for the RL recipes (flag -> value, e.g. its teacher, continuation
-            and anchor policies, horizon, baselines, warm-start data); the plugin's generic defaults are
-            environment-neutral (every policy the fallback agent, episodes played to their end).
-        sft_defaults: the same for the SFT recipe (its flags' names).
+        recipe_defaults: the environment's defaults for the recipes, by recipe kind: ``"rl"`` (the RL recipes' flags:
+            e.g. its teacher, continuation and anchor policies, horizon, baselines), ``"sft"`` (the SFT recipe's
+            flags: teacher, data, seeds, balancing; the RL recipes' warm start takes them too, as ``--sft_*``), and
+            ``"rl:<model>"`` / ``"sft:<model>"`` for a named model (e.g. ``"rl:smollm2"``: sized for its CPU run).
+            The plugin's own defaults are environment-neutral: every policy is the fallback agent
+            (:data:`FALLBACK_POLICY`), continuations play to the episode's end.
     """
 
     name: str = ""
@@ -116,8 +118,7 @@ class EnvInterface:
     rate_metrics: tuple[str, ...] = ()
     reference_scores: Mapping[str, float] = MappingProxyType({})
     reference_band: tuple[str, str, float, float] | None = None
-    rl_defaults: Mapping[str, Any] = MappingProxyType({})
-    sft_defaults: Mapping[str, Any] = MappingProxyType({})
+    recipe_defaults: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
 
     # Required: the environment and its text.
 

@@ -163,27 +163,26 @@ def test_branch_rollout_logs_the_share_of_rows_whose_game_is_won(conquest_model,
     assert wins == [True, True, False, False]
     assert logged["rollout/win_rate"] == 0.5
     assert logged["rollout/fallback_rate"] == 0.5  # "no idea": the fallback plays, and the game is still won
-    clinical = BranchRollout(RolloutConfig())
+    clinical = BranchRollout(RolloutConfig(env="clinical"))
     logged.clear()
     clinical.log_metrics(trainer, [{"valid": 1.0, "action_error": None, "action_type": "recontact"}], 1.0, 4, 1)
     rates = {k for k in logged if k.endswith("_rate")}
     assert rates == {"rollout/fallback_rate", "rollout/invalid_action_rate"}  # the clinical game has no rate metrics
 
 
-@pytest.mark.parametrize("name", ["grpo_conquest", "sft_conquest"])
-def test_yaml_configs_parse_and_keep_the_recipe_settings(name):
-    """The example YAML of each conquest recipe parses, and every setting it shares with the recipe's CONQUEST dict
-    has the recipe's value (the file and the defaults do not drift apart)."""
+@pytest.mark.parametrize(("name", "kind"), [("grpo_conquest", "rl"), ("sft_conquest", "sft")])
+def test_yaml_configs_parse_and_every_key_reaches_the_arguments(name, kind):
+    """The example YAML of each conquest recipe parses, every key it sets has its value in the parsed arguments, and
+    it repeats none of the game's defaults (they live in one place: env/conquest/training_defaults.py)."""
     import yaml
+
+    from env.conquest.training_defaults import RECIPE_DEFAULTS
 
     recipe = load_recipe(name)
     path = ROOT / "recipes" / f"{name}.yaml"
-    parsed = recipe.parse_args(["--config", str(path)])
-    values = {k: v for args in parsed for k, v in vars(args).items()}
+    values = {k: v for args in recipe.parse_args(["--config", str(path)]) for k, v in vars(args).items()}
     written = yaml.safe_load(path.read_text())
-    assert values["output_dir"] == written["output_dir"]
-    shared = set(written) & set(recipe.CONQUEST) - {"output_dir"}
-    assert shared, "the YAML names none of the recipe's settings"
-    for key in shared:
-        assert written[key] == recipe.CONQUEST[key], key
-        assert values[key] == recipe.CONQUEST[key], key
+    for key, value in written.items():
+        assert values[key] == value, key
+    repeated = {k for k, v in written.items() if RECIPE_DEFAULTS[kind].get(k, object()) == v}
+    assert not repeated, f"{path.name} repeats the game's defaults {sorted(repeated)}"

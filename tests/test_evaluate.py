@@ -38,7 +38,9 @@ def tiny_model(tmp_path_factory):
 
 def test_env_policies_and_teacher_match():
     report = evaluate(
-        ["heuristic", "safe"], EvalConfig(tasks=(TASK,), seeds=(0, 1), teacher="heuristic"), progress=False
+        ["heuristic", "safe"],
+        EvalConfig(env="clinical", tasks=(TASK,), seeds=(0, 1), teacher="heuristic"),
+        progress=False,
     )
     rows = report["results"]
     assert [r["policy"] for r in rows] == ["heuristic", "safe"]
@@ -63,7 +65,7 @@ def test_enrolment_over_the_days_follows_each_episode():
     from recruit_trl.evaluation.evaluate import Evaluator
     from recruit_trl.evaluation.metrics import aggregate
 
-    config = EvalConfig(tasks=("easy_bench",), seeds=(0, 1))
+    config = EvalConfig(env="clinical", tasks=("easy_bench",), seeds=(0, 1))
     logs = Evaluator(config).run_policy("safe")
     for log in logs:  # the same episode replayed by hand: enrolled_so_far and budget_remaining after every decision
         game, policy = ClinicalRecruitmentEnv("easy_bench"), env.clinical.agent.CLINICAL.get_policy("safe")
@@ -93,7 +95,9 @@ def test_enrolment_over_the_days_follows_each_episode():
 
 
 def test_model_policy_runs_in_lock_step(tiny_model, tmp_path):
-    report = evaluate([f"model:{tiny_model}"], EvalConfig(tasks=(TASK,), seeds=(0, 1, 2)), progress=False)
+    report = evaluate(
+        [f"model:{tiny_model}"], EvalConfig(env="clinical", tasks=(TASK,), seeds=(0, 1, 2)), progress=False
+    )
     (row,) = report["results"]
     assert row["episodes"] == 3 and row["episode_length_mean"] == 30
     assert abs(sum(row["score_terms_mean"].values()) - row["final_score_mean"]) < 1e-3
@@ -105,7 +109,7 @@ def test_model_policy_runs_in_lock_step(tiny_model, tmp_path):
 
 
 def test_sampled_evaluation_repeats_exactly(tiny_model):
-    config = EvalConfig(tasks=(TASK,), seeds=(0, 1), temperature=1.0, top_p=0.8)
+    config = EvalConfig(env="clinical", tasks=(TASK,), seeds=(0, 1), temperature=1.0, top_p=0.8)
     first, second = (evaluate([f"model:{tiny_model}"], config, progress=False)["results"] for _ in range(2))
     assert first == second
     assert evaluate([f"model:{tiny_model}"], config, progress=False)["config"]["top_p"] == 0.8
@@ -130,7 +134,11 @@ def test_constrained_decoding_answers_only_listed_candidates(tiny_model):
         assert len(lp) == len(completion) and lp[0] == pytest.approx(0.0, abs=1e-6)  # '{"' is forced
 
     reports = [
-        evaluate([f"model:{tiny_model}"], EvalConfig(tasks=(TASK,), seeds=(0,), constrained=c), progress=False)
+        evaluate(
+            [f"model:{tiny_model}"],
+            EvalConfig(env="clinical", tasks=(TASK,), seeds=(0,), constrained=c),
+            progress=False,
+        )
         for c in (False, True)
     ]
     assert [r["config"]["constrained"] for r in reports] == [False, True]
@@ -180,9 +188,11 @@ def test_evaluation_against_a_server_matches_in_process():
     port = free_port()
     proc, url = start_server(env_server_cmd(port), port)
     try:
-        local = evaluate(["heuristic"], EvalConfig(tasks=(TASK,), seeds=(0, 1)), progress=False)["results"][0]
+        local = evaluate(["heuristic"], EvalConfig(env="clinical", tasks=(TASK,), seeds=(0, 1)), progress=False)[
+            "results"
+        ][0]
         for transport in ("http", "ws"):
-            config = EvalConfig(tasks=(TASK,), seeds=(0, 1), env_url=url, transport=transport)
+            config = EvalConfig(env="clinical", tasks=(TASK,), seeds=(0, 1), env_url=url, transport=transport)
             remote = evaluate(["heuristic"], config, progress=False)["results"][0]
             assert remote["final_score_mean"] == local["final_score_mean"]
             assert remote["action_types"] == local["action_types"]
@@ -194,7 +204,9 @@ def test_evaluation_against_a_server_matches_in_process():
 def test_report_plots_enrolment_and_summarises_it(tmp_path):
     from recruit_trl.evaluation.report import summary, write_report
 
-    report = evaluate(["safe", "random"], EvalConfig(tasks=(TASK, "easy_bench"), seeds=(0, 1)), progress=False)
+    report = evaluate(
+        ["safe", "random"], EvalConfig(env="clinical", tasks=(TASK, "easy_bench"), seeds=(0, 1)), progress=False
+    )
     clinical = env.clinical.agent.CLINICAL
     paths = write_report(tmp_path, {"results": report["results"], "config": {"eval_seeds": "0-1"}}, clinical)
     assert Path(paths["enrolled_by_day"]).read_bytes()[:4] == b"\x89PNG"
@@ -248,7 +260,7 @@ def test_the_evaluation_cache_holds_what_was_evaluated(tmp_path):
 
     from recruit_trl.evaluation.cache import cache_key, evaluate_cached
 
-    config, cache = EvalConfig(tasks=(TASK,), seeds=(0,)), tmp_path / "eval.json"
+    config, cache = EvalConfig(env="clinical", tasks=(TASK,), seeds=(0,)), tmp_path / "eval.json"
 
     def fresh(policy: str, cfg: EvalConfig) -> list[dict]:
         return evaluate([policy], cfg, labels=["policy"], progress=False)["results"]
@@ -280,7 +292,10 @@ def test_the_evaluation_cache_follows_the_weights_in_a_model_folder(tiny_model, 
     from recruit_trl.evaluation.cache import evaluate_cached
 
     folder = Path(shutil.copytree(tiny_model, tmp_path / "model"))
-    config, cache = EvalConfig(tasks=(TASK,), seeds=(0,), constrained=True), tmp_path / "eval" / "grpo.json"
+    config, cache = (
+        EvalConfig(env="clinical", tasks=(TASK,), seeds=(0,), constrained=True),
+        tmp_path / "eval" / "grpo.json",
+    )
     first = evaluate_cached(f"model:{folder}", config, "grpo", cache, progress=False)["results"]
     torch.manual_seed(1)
     AutoModelForCausalLM.from_config(AutoModelForCausalLM.from_pretrained(folder).config).save_pretrained(folder)
@@ -290,7 +305,7 @@ def test_the_evaluation_cache_follows_the_weights_in_a_model_folder(tiny_model, 
 
 def test_episodes_played_by_worker_processes_are_the_same_episodes(tiny_model):
     """--workers / EvalConfig.workers: every n-th seed in another process; the rows are those of one process."""
-    config = EvalConfig(tasks=("hard_bench_stage_30",), seeds=(0, 1, 2))
+    config = EvalConfig(env="clinical", tasks=("hard_bench_stage_30",), seeds=(0, 1, 2))
     policies = ["heuristic", f"model:{tiny_model}"]
     one, two = (evaluate(policies, replace(config, workers=w), progress=False)["results"] for w in (1, 2))
     assert one == two and [r["episodes"] for r in two] == [3, 3]

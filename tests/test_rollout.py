@@ -57,7 +57,12 @@ def run(rollout, tokenizer, monkeypatch, texts, group=4, step=0):
 
 def test_branch_output_contract(tokenizer, monkeypatch):
     texts = ['{"action_index": 0}', '{"action_index": 0}', '{"action_index": 1}', "no idea"]
-    out, _ = run(BranchRollout(RolloutConfig(horizon=5)), tokenizer, monkeypatch, texts)
+    out, _ = run(
+        BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=5)),
+        tokenizer,
+        monkeypatch,
+        texts,
+    )
     n = 8
     for key in ("prompt_ids", "completion_ids", "logprobs", *INTERFACE.reward_fields, "valid", "action_shaping",
                 "final_score", "action_type", "action_error", "scored_steps", "teacher_match"):  # fmt: skip
@@ -77,15 +82,42 @@ def test_branch_output_contract(tokenizer, monkeypatch):
 
 def test_branch_is_deterministic_per_step_and_reseeds_across_steps(tokenizer, monkeypatch):
     texts = ['{"action_index": 0}', '{"action_index": 2}']
-    a, _ = run(BranchRollout(RolloutConfig(horizon=20)), tokenizer, monkeypatch, texts, step=3)
-    b, _ = run(BranchRollout(RolloutConfig(horizon=20)), tokenizer, monkeypatch, texts, step=3)
+    a, _ = run(
+        BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=20)),
+        tokenizer,
+        monkeypatch,
+        texts,
+        step=3,
+    )
+    b, _ = run(
+        BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=20)),
+        tokenizer,
+        monkeypatch,
+        texts,
+        step=3,
+    )
     assert a == b
-    many = [run(BranchRollout(RolloutConfig(horizon=20)), tokenizer, monkeypatch, texts, step=s)[0] for s in range(6)]
+    many = [
+        run(
+            BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=20)),
+            tokenizer,
+            monkeypatch,
+            texts,
+            step=s,
+        )[0]
+        for s in range(6)
+    ]
     assert len({tuple(m["env_return"]) for m in many}) > 1
 
 
 def test_invalid_output_plays_the_fallback(tokenizer, monkeypatch):
-    out, _ = run(BranchRollout(RolloutConfig(horizon=0)), tokenizer, monkeypatch, ['{"action_index": 99}'], group=2)
+    out, _ = run(
+        BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=0)),
+        tokenizer,
+        monkeypatch,
+        ['{"action_index": 99}'],
+        group=2,
+    )
     fallback = [INTERFACE.action_type(INTERFACE.fallback_action(s.obs)) for s in map(_state, ANCHORS)]
     assert out["valid"] == [0.0] * 4
     assert out["action_type"] == [fallback[0]] * 2 + [fallback[1]] * 2
@@ -93,7 +125,9 @@ def test_invalid_output_plays_the_fallback(tokenizer, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["branch", "window"])
 def test_constrained_decoding_offers_every_listed_answer_and_nothing_else(tokenizer, monkeypatch, mode):
-    config = RolloutConfig(mode=mode, horizon=2, self_horizon=2 if mode == "branch" else 0, window_turns=2)
+    config = RolloutConfig(
+        env="clinical", mode=mode, horizon=2, self_horizon=2 if mode == "branch" else 0, window_turns=2
+    )
     _, sampler = run(make_rollout(config, INTERFACE), tokenizer, monkeypatch, ['{"action_index": 0}'], group=2)
     assert sampler.allowed and all(a is None for a in sampler.allowed)  # off by default: free generation
 
@@ -114,7 +148,9 @@ def _state(anchor):
 
 def test_window_mode_masks_environment_text(tokenizer, monkeypatch):
     texts = ['{"action_index": 0}', '{"action_index": 1}', "???"]
-    rollout = WindowRollout(RolloutConfig(mode="window", window_turns=3, horizon=2))
+    rollout = WindowRollout(
+        RolloutConfig(env="clinical", continuation_policy="grader_heuristic", mode="window", window_turns=3, horizon=2)
+    )
     out, sampler = run(rollout, tokenizer, monkeypatch, texts, group=3)
     assert len(sampler.calls) == 3  # one batched generate per turn
     before, after = env_turn_template(tokenizer, {})
@@ -133,16 +169,19 @@ def test_window_mode_masks_environment_text(tokenizer, monkeypatch):
 
 
 def test_make_rollout_and_config_validation():
-    assert isinstance(make_rollout(RolloutConfig(mode="window")), WindowRollout)
+    assert isinstance(
+        make_rollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", mode="window")),
+        WindowRollout,
+    )
     with pytest.raises(ValueError, match="mode"):
-        RolloutConfig(mode="episode-at-once")
+        RolloutConfig(env="clinical", continuation_policy="grader_heuristic", mode="episode-at-once")
     with pytest.raises(ValueError, match="contract"):
-        RolloutConfig(contract="yaml")
+        RolloutConfig(env="clinical", continuation_policy="grader_heuristic", contract="yaml")
 
 
 @pytest.mark.parametrize("mode", ["branch", "window"])
 def test_an_anchor_after_the_end_of_its_episode_is_a_clear_error(tokenizer, mode):
-    rollout = make_rollout(RolloutConfig(mode=mode, horizon=2))
+    rollout = make_rollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", mode=mode, horizon=2))
     ended = Anchor("easy_bench", 101, 400)  # episodes last 180 days
     with pytest.raises(ValueError, match="after the end of their episode"):
         rollout([ended.key()] * 2, None, model=object(), tokenizer=tokenizer, generation_config=None, step=0)
@@ -155,7 +194,7 @@ def test_metrics_are_logged_through_the_trainer(tokenizer):
         def _log_metric(self, name, value):
             logged[name] = value
 
-    rollout = BranchRollout(RolloutConfig())
+    rollout = BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic"))
     rows = [
         {"valid": 1.0, "action_error": None, "action_type": "screen_patient"},
         {"valid": 0.0, "action_error": None, "action_type": "recontact"},
@@ -169,7 +208,9 @@ def test_metrics_are_logged_through_the_trainer(tokenizer):
 
 def test_branch_scores_each_distinct_action_once_over_several_continuations(tokenizer, monkeypatch):
     texts = ['{"action_index": 0}', '{"action_index": 0}', '{"action_index": 0}', '{"action_index": 1}']
-    rollout = BranchRollout(RolloutConfig(horizon=5, continuation_seeds=3))
+    rollout = BranchRollout(
+        RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=5, continuation_seeds=3)
+    )
     calls = []
     outcome = rollout.outcome
     monkeypatch.setattr(rollout, "outcome", lambda *a: calls.append(a[2]) or outcome(*a))
@@ -178,7 +219,12 @@ def test_branch_scores_each_distinct_action_once_over_several_continuations(toke
     assert rollout.scorer.env_steps == 4 * 3 * 6  # each: 3 continuations of the action + 5 days
     assert out["env_return"][0] == out["env_return"][1] == out["env_return"][2]
     assert out["scored_steps"] == [6.0] * 8
-    single = run(BranchRollout(RolloutConfig(horizon=5)), tokenizer, monkeypatch, texts)[0]
+    single = run(
+        BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=5)),
+        tokenizer,
+        monkeypatch,
+        texts,
+    )[0]
     assert out["env_return"] != single["env_return"]  # an average of three continuations, not the first one
 
 
@@ -189,7 +235,13 @@ def test_continuations_reseed_the_environment_every_simulated_day(tokenizer, mon
     seeds = []
     reseed = ClinicalRecruitmentEnv.reseed
     monkeypatch.setattr(ClinicalRecruitmentEnv, "reseed", lambda self, s: seeds.append(s) or reseed(self, s))
-    out, _ = run(BranchRollout(RolloutConfig(horizon=4)), tokenizer, monkeypatch, ['{"action_index": 0}'], group=1)
+    out, _ = run(
+        BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=4)),
+        tokenizer,
+        monkeypatch,
+        ['{"action_index": 0}'],
+        group=1,
+    )
     first = group_seed(ANCHORS[0], 0, 0)
     # Day d of a continuation draws from its own stream: a different action earlier does not shift later days.
     assert seeds[:5] == [day_seed(first, d) for d in range(5)]
@@ -201,7 +253,15 @@ def test_self_horizon_lets_the_policy_play_its_own_days_before_the_continuation(
 
     texts = ['{"action_index": 0}', '{"action_index": 0}', '{"action_index": 1}', '{"action_index": 1}']
     horizon, own = 6, 3
-    rollout = BranchRollout(RolloutConfig(horizon=horizon, self_horizon=own, continuation_seeds=2))
+    rollout = BranchRollout(
+        RolloutConfig(
+            env="clinical",
+            continuation_policy="grader_heuristic",
+            horizon=horizon,
+            self_horizon=own,
+            continuation_seeds=2,
+        )
+    )
     out, sampler = run(rollout, tokenizer, monkeypatch, texts)
     # One generate() for the sampled actions, then one per own day for every branch in lock-step:
     # 2 anchors x 2 distinct actions x 2 continuations.
@@ -226,15 +286,24 @@ def test_self_horizon_lets_the_policy_play_its_own_days_before_the_continuation(
         returns.append(total)
     assert out["env_return"][0] == pytest.approx(sum(returns) / 2)
     # Without own days the continuation policy plays them instead: a different outcome.
-    plain = run(BranchRollout(RolloutConfig(horizon=horizon, continuation_seeds=2)), tokenizer, monkeypatch, texts)[0]
+    plain = run(
+        BranchRollout(
+            RolloutConfig(
+                env="clinical", continuation_policy="grader_heuristic", horizon=horizon, continuation_seeds=2
+            )
+        ),
+        tokenizer,
+        monkeypatch,
+        texts,
+    )[0]
     assert plain["env_return"][0] != out["env_return"][0]
 
 
 def test_self_horizon_is_checked():
     with pytest.raises(ValueError, match="self_horizon"):
-        RolloutConfig(horizon=5, self_horizon=6)
+        RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=5, self_horizon=6)
     with pytest.raises(ValueError, match="self_horizon"):
-        RolloutConfig(mode="window", self_horizon=2)
+        RolloutConfig(env="clinical", continuation_policy="grader_heuristic", mode="window", self_horizon=2)
 
 
 def _heuristic_indices() -> list[int]:
@@ -256,14 +325,30 @@ def test_teacher_match_compares_each_row_with_the_teacher_in_the_same_state(toke
     texts = []
     for k in taught:
         texts += [f'{{"action_index": {k}}}'] * 2 + [f'{{"action_index": {1 if k == 0 else 0}}}', "no idea"]
-    out, _ = run(BranchRollout(RolloutConfig(horizon=2, reward_teacher="grader_heuristic")), tokenizer, monkeypatch,
-                 texts)  # fmt: skip
+    config = RolloutConfig(
+        env="clinical", continuation_policy="grader_heuristic", horizon=2, reward_teacher="grader_heuristic"
+    )
+    out, _ = run(BranchRollout(config), tokenizer, monkeypatch, texts)
     assert out["teacher_match"] == [1.0, 1.0, 0.0, 0.0] * 2
-    plain, _ = run(BranchRollout(RolloutConfig(horizon=2)), tokenizer, monkeypatch, texts)
+    plain, _ = run(
+        BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=2)),
+        tokenizer,
+        monkeypatch,
+        texts,
+    )
     assert plain["teacher_match"] == [None] * 8
     assert plain["env_return"] == out["env_return"]  # asking the teacher does not disturb the outcomes
 
-    window = WindowRollout(RolloutConfig(mode="window", window_turns=2, horizon=1, reward_teacher="grader_heuristic"))
+    window = WindowRollout(
+        RolloutConfig(
+            env="clinical",
+            continuation_policy="grader_heuristic",
+            mode="window",
+            window_turns=2,
+            horizon=1,
+            reward_teacher="grader_heuristic",
+        )
+    )
     first_turn, _ = run(window, tokenizer, monkeypatch, texts)
     assert [m >= 0.5 for m in first_turn["teacher_match"][:2]] == [True, True]  # the first of two turns matched
     assert all(0.0 <= m <= 1.0 for m in first_turn["teacher_match"])
@@ -274,8 +359,11 @@ def test_teacher_match_reward_needs_a_teacher():
     from recruit_trl.training.arguments import ScriptArguments
 
     with pytest.raises(ValueError, match="--reward_teacher"):
-        ScriptArguments(reward_funcs=["final_score_reward", "teacher_match_reward"])
-    assert ScriptArguments(reward_funcs=["teacher_match_reward"], reward_teacher="expert").reward_teacher == "expert"
+        ScriptArguments(env="clinical", reward_funcs=["final_score_reward", "teacher_match_reward"])
+    assert (
+        ScriptArguments(env="clinical", reward_funcs=["teacher_match_reward"], reward_teacher="expert").reward_teacher
+        == "expert"
+    )
 
 
 @pytest.mark.parametrize("flag", ["sft_full_finetune", "rl_full_finetune"])
@@ -283,5 +371,7 @@ def test_full_finetune_choices_are_checked_at_start_up(flag):
     from recruit_trl.training.arguments import ScriptArguments
 
     with pytest.raises(ValueError, match=f"--{flag} must be auto, true or false"):
-        ScriptArguments(**{flag: "maybe"})
-    assert getattr(ScriptArguments(**{flag: "False"}), flag) == "False"  # case-insensitive, as resolved later
+        ScriptArguments(env="clinical", **{flag: "maybe"})
+    assert (
+        getattr(ScriptArguments(env="clinical", **{flag: "False"}), flag) == "False"
+    )  # case-insensitive, as resolved later

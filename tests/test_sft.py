@@ -25,6 +25,17 @@ def test_balancing_caps_every_type():
         balance_action_types(rows, 0.0)
 
 
+def test_balancing_never_drops_most_rows_silently():
+    """A cap below an equal share cannot hold (one type: every row is that type), so it rises to the equal share;
+    when balancing still keeps less than half of the rows, a warning names the counts."""
+    one_type = [{"action_type": "right"}] * 640
+    assert balance_action_types(one_type, 0.35) == one_type
+    skewed = [{"action_type": t} for t in ["right"] * 600 + ["stop"] * 20 + ["left"] * 20]
+    with pytest.warns(UserWarning, match=r"kept 61 of 640 rows .*'right': 600"):
+        out = balance_action_types(skewed, 0.35)
+    assert Counter(r["action_type"] for r in out) == {"right": 21, "stop": 20, "left": 20}  # 21 of 61 <= 0.35
+
+
 def test_datasets_split_by_seed_and_match_the_rollout_prompts():
     train, heldout, stats = build_sft_datasets(
         INTERFACE, ["hard_bench_stage_30"], [1, 2], [3], teacher="heuristic", max_type_fraction=0.5
@@ -99,28 +110,29 @@ def test_heldout_report_breaks_the_teacher_match_down_by_task_and_action_type(wa
 
 
 def test_the_warm_start_settings_are_declared_once_for_both_recipes():
-    """The GRPO recipe's --sft_* flags are SFTArguments' fields (renamed, same help), with the main job's defaults."""
+    """The GRPO recipe's --sft_* flags are SFTArguments' fields (renamed, same help and defaults)."""
     from dataclasses import fields
 
-    from recruit_trl.training.arguments import MAIN_JOB_SFT, ScriptArguments, rl_flag, sft_arguments
+    from recruit_trl.training.arguments import ScriptArguments, sft_arguments
+    from recruit_trl.training.defaults import rl_flag
     from recruit_trl.training.warm_start import SFTScriptArguments
 
     rl_fields = {f.name: f for f in fields(ScriptArguments)}
     for f in fields(SFTArguments):
         renamed = rl_fields[rl_flag(f.name)]
         assert renamed.metadata["help"] == f.metadata["help"]
-        assert renamed.default == MAIN_JOB_SFT.get(f.name, f.default)
+        assert renamed.default == f.default
     assert rl_flag("train_seeds") == "sft_train_seeds" and rl_flag("keep_best_round") == "sft_keep_best_round"
     assert rl_flag("teacher") == "teacher" and rl_flag("dagger_rounds") == "dagger_rounds"
-    args = ScriptArguments(sft_train_seeds="300-301", sft_token_metrics="false", dagger_rounds=2)
+    args = ScriptArguments(env="clinical", sft_train_seeds="300-301", sft_token_metrics="false", dagger_rounds=2)
     sft = sft_arguments(args)
-    assert (sft.train_seeds, sft.token_metrics, sft.dagger_rounds, sft.teacher) == ("300-301", "false", 2, "expert")
+    assert (sft.train_seeds, sft.token_metrics, sft.dagger_rounds, sft.teacher) == ("300-301", "false", 2, "fallback")
     with pytest.raises(ValueError, match="token_metrics"):  # checked at start-up, under either recipe
-        ScriptArguments(sft_token_metrics="maybe")
+        ScriptArguments(env="clinical", sft_token_metrics="maybe")
     with pytest.raises(ValueError, match="token_metrics"):
-        SFTScriptArguments(token_metrics="maybe")
+        SFTScriptArguments(env="clinical", token_metrics="maybe")
     with pytest.raises(ValueError, match="contract"):
-        SFTScriptArguments(contract="yaml")
+        SFTScriptArguments(env="clinical", contract="yaml")
     # The SFT recipe's own arguments: the environment, the tasks and SFTArguments, each declared once.
     assert {f.name for f in fields(SFTScriptArguments)} == {
         "env", "contract", "recent_k", "tasks", "tiny_corpus_seeds", "tiny_build_steps",

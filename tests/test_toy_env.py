@@ -125,26 +125,27 @@ def test_a_planner_that_reads_the_live_environment_continues_branches(toy, monke
 
 
 def test_the_toy_environment_trains_through_the_recipes(warm_model, tmp_path):
-    """One SFT step and one GRPO step on the toy walk through recipes/grpo_clinical.py's code paths (the environment
-    is a flag), then its decision-level report: nothing in recruit_trl/ knows the walk."""
+    """One SFT step and one GRPO step on the toy walk through recipes/grpo_clinical.py's code paths, then its
+    decision-level report: nothing in recruit_trl/ knows the walk. The environment is the only flag that says what to
+    play (the rest size the run): the toy names no teacher, anchor, continuation or baseline policy, so its fallback
+    agent plays them all."""
     from recipe_files import load_recipe
 
     recipe = load_recipe("grpo_clinical")
     flags = [
         "--env", ENV, "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1",
-        "--tasks", "near", "far", "--anchor_policy", "random", "--anchor_seeds", "100", "--anchor_days", "0-6:3",
-        "--continuation_policy", "greedy", "--teacher", "greedy", "--sft_train_seeds", "300-301",
+        "--tasks", "near", "far", "--anchor_seeds", "100", "--anchor_days", "0-6:3", "--sft_train_seeds", "300-301",
         "--sft_heldout_seeds", "400", "--sft_max_steps", "1", "--dagger_rounds", "0", "--sft_full_finetune", "false",
         "--per_device_train_batch_size", "8", "--num_generations", "4", "--save_strategy", "no",
-        "--eval_episodes", "true", "--eval_seeds", "0-1", "--eval_baselines", "greedy", "random",
+        "--eval_episodes", "true", "--eval_seeds", "0-1",
         "--decision_seeds", "500-501", "--decision_days", "0-6:3", "--decision_rows", "8",
     ]  # fmt: skip
     trainer = recipe.main(*recipe.parse_args(flags))
     assert trainer.state.global_step == 1
     assert (tmp_path / "sft" / "adapter_model.safetensors").is_file() and (tmp_path / "adapter_config.json").is_file()
     report = json.loads((tmp_path / "report.json").read_text())
-    assert {r["policy"] for r in report["results"]} == {"base", "sft", "grpo", "greedy", "random"}
+    assert {r["policy"] for r in report["results"]} == {"base", "sft", "grpo", "fallback"}
     assert all("enrolled_mean" not in r for r in report["results"])
     bench = report["decisions"]["benchmark"]
-    assert set(bench) == {"base", "sft", "grpo", "greedy", "safe"} and bench["greedy"]["teacher_match"] == 1.0
+    assert set(bench) == {"base", "sft", "grpo", "fallback", "safe"} and bench["fallback"]["teacher_match"] == 1.0
     assert report["decisions"]["state_value"]["grpo"]["n"] == 8

@@ -46,6 +46,7 @@ from env.conquest.board import CODES, INDEX
 from env.conquest.core import ConquestEnv
 from env.conquest.policies import ConquestPolicy, get_policy
 from env.conquest.tasks import TASKS
+from env.conquest.training_defaults import RECIPE_DEFAULTS
 from recruit_trl.protocol import FALLBACK_POLICY, EnvInterface
 
 REWARD_FIELDS = ("territory", "continent", "elimination", "invalid", "outcome")
@@ -168,6 +169,7 @@ class ConquestInterface(EnvInterface):
     """:class:`recruit_trl.protocol.EnvInterface` for the conquest board game."""
 
     name = "conquest"
+    recipe_defaults = RECIPE_DEFAULTS
     system_prompt = SYSTEM_PROMPT
     json_instructions = (
         'Answer with exactly one JSON object: the action, e.g. {"type": "blitz", "from": "alberta", "to": '

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from recruit_trl.contracts import build_messages, completion_text
-from recruit_trl.protocol import Action, EnvInterface
+from recruit_trl.protocol import FALLBACK_POLICY, Action, EnvInterface
 from recruit_trl.rollout.anchors import Anchor, AnchorState, build_anchors
 from recruit_trl.rollout.config import RolloutConfig
 from recruit_trl.rollout.continuation import group_seed
@@ -69,7 +69,7 @@ def scoring_rollout(
     interface: EnvInterface,
     *,
     recent_k: int = 2,
-    continuation: str = "grader_heuristic",
+    continuation: str = FALLBACK_POLICY,
     horizon: int | None = None,
     continuation_seeds: int = 1,
     seed: int = 0,
@@ -85,6 +85,7 @@ def scoring_rollout(
         seed: mixed into every continuation's seed.
     """
     config = RolloutConfig(
+        env=interface.name,
         horizon=TO_THE_END if horizon is None else horizon,
         continuation_policy=continuation,
         continuation_seeds=continuation_seeds,

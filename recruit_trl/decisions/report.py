@@ -15,7 +15,7 @@ from recruit_trl.decisions.answers import action_answer, answer_actions, model_a
 from recruit_trl.decisions.decision_set import Decision, policy_action, scoring_rollout
 from recruit_trl.decisions.table import benchmark_table, format_benchmark
 from recruit_trl.decisions.values import format_state_values, state_values
-from recruit_trl.protocol import Action, EnvInterface, get_env_interface
+from recruit_trl.protocol import FALLBACK_POLICY, Action, EnvInterface, get_env_interface
 from recruit_trl.rollout.anchors import MODEL_PREFIX
 from recruit_trl.rollout.config import RolloutConfig
 
@@ -129,12 +129,12 @@ def evaluate_decisions(
 
 
 def _get_policy(interface: EnvInterface, name: str):
-    """A policy the environment registers; ``safe`` is the interface's fallback action when it registers none."""
+    """A policy the environment registers; ``safe`` is its fallback agent when it registers no ``safe`` of its own."""
     if name == SAFE:
         try:
             return interface.get_policy(name)
-        except (KeyError, ValueError):
-            return lambda obs, rng: interface.fallback_action(obs)
+        except ValueError:
+            return interface.get_policy(FALLBACK_POLICY)
     return interface.get_policy(name)
 
 

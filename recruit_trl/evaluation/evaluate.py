@@ -58,7 +58,7 @@ class EvalConfig:
     """What :func:`evaluate` runs: the environment (``env``, a name for ``get_env_interface``), its tasks (empty: the
     interface's ``tasks()``), reset seeds, the action contract and decoding of model policies, and more."""
 
-    env: str = "clinical"
+    env: str = ""  # required: a name or "package.module:attribute"
     tasks: Sequence[str] = ()
     seeds: Sequence[int] = tuple(range(20))
     contract: str = "index"
@@ -85,6 +85,8 @@ class Evaluator:
     def __init__(self, config: EvalConfig, interface: EnvInterface | None = None) -> None:
         if config.contract not in CONTRACTS:
             raise ValueError(f"contract must be one of {CONTRACTS}")
+        if interface is None and not config.env:
+            raise ValueError("EvalConfig.env: name the environment ('clinical', 'conquest' or 'package.module:attr')")
         self.interface = interface or get_env_interface(config.env)
         self.config = with_tasks(config, self.interface)
         self.teacher = self.interface.get_policy(config.teacher) if config.teacher else None
@@ -400,6 +402,7 @@ def record_anchors(
     if not label.startswith(MODEL_PREFIX):
         raise ValueError(f"a recorded anchor's label starts with {MODEL_PREFIX!r} (got {label!r})")
     config = EvalConfig(
+        env=interface.name,
         tasks=tuple(tasks),
         seeds=tuple(seeds),
         contract=contract,

@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from recruit_trl.contracts import CONTRACTS, MAX_NEW_TOKENS
+from recruit_trl.protocol import FALLBACK_POLICY
 
 MODES = ("branch", "window", "episode")
+TO_THE_END = 1_000_000  # a horizon no episode outlasts
 # Per-row fields every rollout returns besides the environment's reward components.
 ROW_FIELDS = ("valid", "action_shaping", "final_score", "action_type", "action_error", "scored_steps", "teacher_match")
 
@@ -22,16 +24,18 @@ class PromptConfig:
     """The environment and the rendering of its states as prompts (shared by rollouts, traces and evaluation)."""
 
     env: str = field(
-        default="clinical",
+        default="",
         metadata={
             "help": "Environment interface: a name (registered, or an installed recruit_trl.envs entry point) or "
-            "'package.module:attribute'."
+            "'package.module:attribute'. Required."
         },
     )
     contract: str = field(default="index", metadata={"help": "Action contract: 'index' or 'json'."})
     recent_k: int = field(default=2, metadata={"help": "Recent actions shown in the prompt's digest."})
 
     def __post_init__(self) -> None:
+        if not self.env:
+            raise ValueError("name the environment: env='clinical', 'conquest' or 'package.module:attribute'")
         if self.contract not in CONTRACTS:
             raise ValueError(f"contract must be one of {CONTRACTS}, got {self.contract!r}")
         if self.recent_k < 0:
@@ -49,13 +53,15 @@ class RolloutConfig(PromptConfig):
                   "episodes, every decision a row, recruit_trl.rollout.advantages)."},
     )  # fmt: skip
     horizon: int = field(
-        default=180,
-        metadata={"help": "Days played by the continuation policy after the sampled action(s) (180: to the end)."},
-    )
+        default=TO_THE_END,
+        metadata={"help": "Decisions played by the continuation policy after the sampled action(s) (default: to the "
+                  "episode's end)."},
+    )  # fmt: skip
     continuation_policy: str = field(
-        default="grader_heuristic",
-        metadata={"help": "Policy (registered by the environment) that plays the horizon."},
-    )
+        default=FALLBACK_POLICY,
+        metadata={"help": "Policy (registered by the environment) that plays the horizon (default: the environment's "
+                  "fallback agent)."},
+    )  # fmt: skip
     continuation_seeds: int = field(
         default=1,
         metadata={"help": "Branch mode: continuations per distinct sampled action, each with its own randomness, "

@@ -65,8 +65,8 @@ from recruit_trl.traces import same_action
 class _RolloutBase:
     """What both modes share: the environment, the anchors' states, prompts, generation and metrics."""
 
-    def __init__(self, config: RolloutConfig | None = None, interface: EnvInterface | None = None) -> None:
-        self.config = config or RolloutConfig()
+    def __init__(self, config: RolloutConfig, interface: EnvInterface | None = None) -> None:
+        self.config = config
         self.interface = interface or get_env_interface(self.config.env)
         self.cache = AnchorCache(self.interface, recent_k=self.config.recent_k)
         self.scorer = Scorer(self.interface, self.config, self.cache)
@@ -180,7 +180,7 @@ class BranchRollout(_RolloutBase):
     ``trainer=None`` and explicit ``model``/``tokenizer``/``generation_config`` (tests, benchmarks).
     """
 
-    def __init__(self, config: RolloutConfig | None = None, interface: EnvInterface | None = None) -> None:
+    def __init__(self, config: RolloutConfig, interface: EnvInterface | None = None) -> None:
         super().__init__(config, interface)
         self._branch_envs: dict[str, list] = {}  # task -> environments for branches played side by side
 
@@ -532,7 +532,7 @@ class EpisodeRollout(_RolloutBase):
     step group, decisions per episode, and the rollout's collapse and cost metrics over the decisions.
     """
 
-    def __init__(self, config: RolloutConfig | None = None, interface: EnvInterface | None = None) -> None:
+    def __init__(self, config: RolloutConfig, interface: EnvInterface | None = None) -> None:
         super().__init__(config, interface)
         self._envs: dict[str, list] = {}  # task -> environments for the episodes played side by side
 

@@ -3,7 +3,7 @@
 :class:`ScriptArguments` joins groups of settings by inheritance, each declared once: the rollout's
 (:class:`~recruit_trl.rollout.config.RolloutConfig`), the tasks (:class:`TaskArguments`, shared with the SFT recipe),
 the warm start's (:class:`WarmStartArguments`, and :class:`~recruit_trl.training.sft_data.SFTArguments` renamed
-``--sft_*``: :data:`MainJobSFTArguments`), the report's (:class:`ReportArguments`), and the anchors and rewards.
+``--sft_*``: :data:`WarmStartSFTArguments`), the report's (:class:`ReportArguments`), and the anchors and rewards.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 from typing import Any, get_type_hints
 
-from recruit_trl.protocol import EnvInterface
+from recruit_trl.protocol import FALLBACK_POLICY, EnvInterface
 from recruit_trl.rollout.config import RolloutConfig
-from recruit_trl.training.defaults import DEFAULT_REWARDS
+from recruit_trl.training.defaults import DEFAULT_REWARDS, rl_flag
 from recruit_trl.training.sft_data import SFTArguments
 
 
@@ -33,33 +33,12 @@ class TaskArguments:
     )
 
 
-def rl_flag(name: str) -> str:
-    """The GRPO recipe's name of an :class:`~recruit_trl.training.sft_data.SFTArguments` field: ``sft_<name>``, except
-    ``teacher`` and ``dagger_*``, which name nothing else there."""
-    return name if name == "teacher" or name.startswith("dagger_") else f"sft_{name}"
-
-
-# The main job's warm start, where it differs from the SFT recipe's defaults: sized for the CPU main job.
-MAIN_JOB_SFT: dict[str, Any] = {
-    "teacher": "expert",
-    "train_seeds": "300-307",
-    "heldout_seeds": "400",
-    "dagger_rounds": 1,  # what the CPU main job has time for; the best round is kept
-    "dagger_seeds": "300-303",  # half the traced seeds: CPU time
-    "dagger_epochs": 0.5,  # rows are reshuffled every round, so each round sees a different half
-    "length_buckets": True,  # faster on CPU; safe together with keep_best_round
-}
-
-
-def renamed_dataclass(cls: type, rename, defaults: dict[str, Any], name: str) -> type:
-    """A dataclass with the fields of ``cls`` under the names ``rename(field)``, the same types and help, and
-    ``defaults`` (keyed by the original names) in place of the defaults of ``cls``."""
+def renamed_dataclass(cls: type, rename, name: str) -> type:
+    """A dataclass with the fields of ``cls`` under the names ``rename(field)``, the same types, defaults and help."""
     hints = get_type_hints(cls)
     specs = []
     for f in fields(cls):
-        if f.name in defaults:
-            spec = field(default=defaults[f.name], metadata=f.metadata)
-        elif f.default is not MISSING:
+        if f.default is not MISSING:
             spec = field(default=f.default, metadata=f.metadata)
         else:
             spec = field(default_factory=f.default_factory, metadata=f.metadata)
@@ -70,7 +49,7 @@ def renamed_dataclass(cls: type, rename, defaults: dict[str, Any], name: str) ->
 
 
 # SFTArguments as the GRPO recipe names them (--sft_train_seeds, --teacher, --dagger_rounds, ...).
-MainJobSFTArguments = renamed_dataclass(SFTArguments, rl_flag, MAIN_JOB_SFT, "MainJobSFTArguments")
+WarmStartSFTArguments = renamed_dataclass(SFTArguments, rl_flag, "WarmStartSFTArguments")
 
 
 def sft_arguments(args: Any) -> SFTArguments:
@@ -81,7 +60,7 @@ def sft_arguments(args: Any) -> SFTArguments:
 
 @dataclass
 class WarmStartArguments:
-    """Where RL starts: an SFT warm start run first (its settings: :class:`MainJobSFTArguments`), or a given one."""
+    """Where RL starts: an SFT warm start run first (its settings: :class:`WarmStartSFTArguments`), or a given one."""
 
     sft_adapter: str | None = field(
         default=None,
@@ -171,7 +150,7 @@ class ReportArguments:
                   "n-th seed (0: one per CPU core without a GPU, else 1)."},
     )  # fmt: skip
     eval_baselines: list[str] = field(
-        default_factory=lambda: ["heuristic", "expert"], metadata={"help": "Environment policies evaluated alongside."}
+        default_factory=lambda: [FALLBACK_POLICY], metadata={"help": "Environment policies evaluated alongside."}
     )
     eval_temperature: float = field(
         default=1.0,
@@ -208,7 +187,7 @@ class ReportArguments:
 
 
 @dataclass
-class ScriptArguments(ReportArguments, MainJobSFTArguments, WarmStartArguments, TaskArguments, RolloutConfig):
+class ScriptArguments(ReportArguments, WarmStartSFTArguments, WarmStartArguments, TaskArguments, RolloutConfig):
     """The RL recipes' arguments beyond ``GRPOConfig`` and ``ModelConfig``: the rollout settings, the tasks, the
     warm start, the report (one group each, by inheritance) and the anchors and rewards below."""
 
@@ -220,8 +199,9 @@ class ScriptArguments(ReportArguments, MainJobSFTArguments, WarmStartArguments, 
     anchor_seeds: str = field(default="100-107", metadata={"help": "Reset seeds of the anchors (0..99 are for eval)."})
     anchor_days: str = field(default="0-170:10", metadata={"help": "Days of the anchors, e.g. 0-170:10."})
     anchor_policy: str = field(
-        default="grader_heuristic",
-        metadata={"help": "Who plays the days before an anchor: an environment policy (replayed), 'student' (the "
+        default=FALLBACK_POLICY,
+        metadata={"help": "Who plays the days before an anchor: an environment policy (replayed; default: the "
+                  "environment's fallback agent), 'student' (the "
                   "model RL starts from, sampled as in training: on-policy states, recorded once into "
                   "<output_dir>/anchor_states.json) or 'model:PATH'."},
     )  # fmt: skip

@@ -1,9 +1,19 @@
-"""Defaults every recipe shares: rewards, CPU trainer settings, the default model and the named models' presets."""
+"""Recipe defaults: the plugin's environment-neutral ones (CPU trainer settings, the tiny model with LoRA, rewards),
+under the environment's own (:attr:`recruit_trl.protocol.EnvInterface.recipe_defaults`), under a named model's preset
+for that environment; TrlParser puts a ``--config`` YAML and the command line over all of them
+(:func:`recipe_defaults`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
 from typing import Any
+
+import yaml
+
+from recruit_trl.protocol import get_env_interface
+from recruit_trl.training.sft_data import SFTArguments
 
 # The main job scores each sampled action by the final grade of its episode (continued to the end by a fast
 # policy, common random numbers within the group) plus a format term; see the README for the rationale.
@@ -41,43 +51,6 @@ def trainer_defaults() -> dict[str, Any]:
     return defaults
 
 
-# Defaults for a named model, applied when the command line names it (``--model_name_or_path smollm2``); any flag
-# still overrides them. SmolLM2-135M costs about 1.1 s per 400-token decision and 30-45 s per LoRA step of 8 rows on
-# 2 CPU cores, so its run is sized for <= 45 minutes: a short LoRA warm start without DAgger (a DAgger round plays
-# whole episodes), a few GRPO steps on small groups, and decision-level evaluation instead of whole episodes.
-MODEL_PRESETS: dict[str, dict[str, Any]] = {
-    "smollm2": {
-        "sft_train_seeds": "300-301",
-        "sft_max_steps": 16,
-        "sft_batch_size": 8,
-        "sft_heldout_rows": 32,
-        "sft_learning_rate": 5e-4,
-        "dagger_rounds": 0,
-        "anchor_seeds": "100-101",
-        "max_steps": 12,
-        "per_device_train_batch_size": 8,
-        "num_generations": 4,
-        "learning_rate": 1e-4,
-        "save_steps": 4,
-    }
-}
-
-
-def preset_name(argv: Sequence[str]) -> str | None:
-    """The :data:`MODEL_PRESETS` name of the model named on the command line (``--model_name_or_path NAME`` or
-    ``--model_name_or_path=NAME``), else ``None``."""
-    for i, arg in enumerate(argv):
-        name = None
-        if arg == "--model_name_or_path" and i + 1 < len(argv):
-            name = argv[i + 1]
-        elif arg.startswith("--model_name_or_path="):
-            name = arg.split("=", 1)[1]
-        if name is not None:
-            name = name.strip().lower()
-            return name if name in MODEL_PRESETS else None
-    return None
-
-
 def model_defaults() -> dict[str, Any]:
     """ModelConfig values: the tiny local model with LoRA on every linear layer."""
     return {
@@ -87,3 +60,78 @@ def model_defaults() -> dict[str, Any]:
         "lora_alpha": 32,
         "lora_target_modules": ["all-linear"],
     }
+
+
+def sft_defaults() -> dict[str, Any]:
+    """``SFTConfig`` values of the warm start (the SFT recipes', and the RL recipes' warm start's): CPU-friendly,
+    no hub, no logger. The output folder is each recipe's own."""
+    return {
+        "learning_rate": 1e-3,
+        "num_train_epochs": 2,
+        "per_device_train_batch_size": 16,
+        "max_length": 1024,
+        "logging_steps": 10,
+        "save_steps": 100,
+        **trainer_defaults(),
+    }
+
+
+def rl_flag(name: str) -> str:
+    """The RL recipes' name of an :class:`~recruit_trl.training.sft_data.SFTArguments` field: ``sft_<name>``, except
+    ``teacher`` and ``dagger_*``, which name nothing else there."""
+    return name if name == "teacher" or name.startswith("dagger_") else f"sft_{name}"
+
+
+def requested(argv: Sequence[str], flag: str) -> str | None:
+    """The value of ``--flag`` on the command line (``--flag VALUE`` or ``--flag=VALUE``), else in the ``--config``
+    YAML file the command line names, else ``None``."""
+    config = None
+    for i, arg in enumerate(argv):
+        value = None
+        if arg in (f"--{flag}", "--config") and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith((f"--{flag}=", "--config=")):
+            value = arg.split("=", 1)[1]
+        if value is None:
+            continue
+        if arg.startswith("--config"):
+            config = value
+        else:
+            return value
+    if config and Path(config).is_file():
+        loaded = yaml.safe_load(Path(config).read_text()) or {}
+        if isinstance(loaded, dict) and loaded.get(flag) is not None:
+            return str(loaded[flag])
+    return None
+
+
+def recipe_defaults(kind: str, recipe: str, env: str, argv: Sequence[str]) -> dict[str, Any]:
+    """A recipe's parser defaults, each layer over the one before:
+
+    1. the plugin's: the trainer settings of a CPU run (``kind`` ``"rl"``: :func:`cpu_defaults`, ``"sft"``:
+       :func:`sft_defaults`) and the tiny model with LoRA (:func:`model_defaults`); the output folder
+       ``outputs/<recipe>`` (``outputs/<recipe>_<model>`` under a model's preset);
+    2. the environment's (``--env`` on the command line or in the ``--config`` YAML, else ``env``):
+       ``recipe_defaults["sft"]``, taken by the RL recipes' warm start as ``--sft_*`` flags too, then
+       ``recipe_defaults[kind]``;
+    3. the named model's preset for that environment (``recipe_defaults["<kind>:<model>"]``, ``--model_name_or_path``
+       on the command line or in the YAML).
+
+    Raises:
+        ValueError: for an unknown environment.
+    """
+    env = requested(argv, "env") or env
+    own = get_env_interface(env).recipe_defaults
+    model = (requested(argv, "model_name_or_path") or model_defaults()["model_name_or_path"]).strip().lower()
+    preset = dict(own.get(f"{kind}:{model}", {}))
+    defaults = {
+        **(cpu_defaults() if kind == "rl" else sft_defaults()),
+        **model_defaults(),
+        "env": env,
+        "output_dir": f"outputs/{recipe}_{model}" if preset else f"outputs/{recipe}",
+    }
+    sft = dict(own.get("sft", {}))
+    if kind == "rl":  # the warm start's settings under the RL recipes' names; the SFT recipe's trainer ones stay out
+        names = {f.name for f in fields(SFTArguments)}
+        sft = {rl_flag(k) if k in names else k: v for k, v in sft.items() if k in names or k == "tasks"}
+    return {**defaults, **sft, **own.get(kind, {}), **preset}

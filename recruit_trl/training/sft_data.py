@@ -15,6 +15,7 @@ The training loop itself (``SFTTrainer``, DAgger rounds, caching) is :mod:`recru
 from __future__ import annotations
 
 import random
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from recruit_trl.contracts import parse_index, parse_json_object
-from recruit_trl.protocol import EnvInterface
+from recruit_trl.protocol import FALLBACK_POLICY, EnvInterface
 from recruit_trl.traces import TraceStats, collect_traces
 
 SFT_DATA = ("traces", "teacher_sets")
@@ -37,7 +38,10 @@ class SFTArguments:
     job's defaults (:data:`recruit_trl.training.arguments.MAIN_JOB_SFT`).
     """
 
-    teacher: str = field(default="safe", metadata={"help": "Teacher policy registered by the environment."})
+    teacher: str = field(
+        default=FALLBACK_POLICY,
+        metadata={"help": "Teacher policy registered by the environment (default: its fallback agent)."},
+    )
     data: str = field(
         default="traces",
         metadata={"help": "Training rows: 'traces' (the teacher's episodes on --train_seeds with --epsilon "
@@ -109,7 +113,9 @@ def balance_action_types(
     """Subsample over-represented action types so none exceeds ``max_type_fraction`` of the result.
 
     Rows of each type are kept in their original order (a random subset of the capped types). With ``group_by``
-    (e.g. ``"task"``) the cap holds within every group of rows sharing that field.
+    (e.g. ``"task"``) the cap holds within every group of rows sharing that field. A cap below an equal share (fewer
+    types than ``1 / max_type_fraction``, e.g. a teacher that plays one or two types) cannot be met and is raised to
+    the equal share. When the result keeps less than half of the rows, a warning says so, with the counts.
     """
     if not 0 < max_type_fraction <= 1:
         raise ValueError("max_type_fraction must be in (0, 1]")
@@ -117,9 +123,24 @@ def balance_action_types(
         groups: dict[Any, list[dict[str, Any]]] = {}
         for r in rows:
             groups.setdefault(r[group_by], []).append(r)
-        kept_ids = {id(r) for g in groups.values() for r in balance_action_types(g, max_type_fraction, seed)}
-        return [r for r in rows if id(r) in kept_ids]
+        kept_ids = {id(r) for g in groups.values() for r in _balanced(g, max_type_fraction, seed)}
+        out = [r for r in rows if id(r) in kept_ids]
+    else:
+        out = _balanced(rows, max_type_fraction, seed)
+    if len(out) < len(rows) / 2:
+        counts = dict(Counter(r["action_type"] for r in rows))
+        warnings.warn(
+            f"SFT balancing by action type kept {len(out)} of {len(rows)} rows (max_type_fraction "
+            f"{max_type_fraction}; the teacher's action types: {counts}); raise --max_type_fraction to keep more",
+            stacklevel=2,
+        )
+    return out
+
+
+def _balanced(rows: list[dict[str, Any]], max_type_fraction: float, seed: int) -> list[dict[str, Any]]:
     counts = Counter(r["action_type"] for r in rows)
+    if counts:
+        max_type_fraction = max(max_type_fraction, 1 / len(counts))
     kept = dict(counts)
     # Lower the largest types until each is within the cap of the (shrinking) total.
     for _ in range(len(kept) * 4):
@@ -258,11 +279,9 @@ def dagger_rows(
     from recruit_trl.evaluation.metrics import aggregate
 
     config = EvalConfig(
-        tasks=tuple(tasks), seeds=tuple(seeds), contract=contract, recent_k=recent_k, teacher=teacher,
-        model_loading=dict(model_loading or {}),
+        env=env or interface.name, tasks=tuple(tasks), seeds=tuple(seeds), contract=contract, recent_k=recent_k,
+        teacher=teacher, model_loading=dict(model_loading or {}),
     )  # fmt: skip
-    if env is not None:
-        config.env = env
     evaluator = Evaluator(config, interface)
     evaluator.labelled_rows = [] if teacher is not None else None
     bar = None

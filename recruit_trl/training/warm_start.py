@@ -46,7 +46,7 @@ from recruit_trl.protocol import EnvInterface, get_env_interface
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.rollout.config import PromptConfig
 from recruit_trl.training.arguments import TaskArguments, sft_arguments, with_env_tasks
-from recruit_trl.training.defaults import trainer_defaults
+from recruit_trl.training.defaults import sft_defaults
 from recruit_trl.training.model_setup import full_finetune, last_checkpoint, model_init_kwargs, resolve_model_for
 from recruit_trl.training.sft_data import (
     SFTArguments,
@@ -72,20 +72,6 @@ class SFTScriptArguments(SFTArguments, TaskArguments, PromptConfig):
     def __post_init__(self) -> None:
         PromptConfig.__post_init__(self)
         SFTArguments.__post_init__(self)
-
-
-def sft_defaults() -> dict[str, Any]:
-    """``SFTConfig`` values of the warm start (the SFT recipes', and the RL recipes' warm start's): CPU-friendly,
-    no hub, no logger. The output folder is each recipe's own."""
-    return {
-        "learning_rate": 1e-3,
-        "num_train_epochs": 2,
-        "per_device_train_batch_size": 16,
-        "max_length": 1024,
-        "logging_steps": 10,
-        "save_steps": 100,
-        **trainer_defaults(),
-    }
 
 
 def train_sft(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
