@@ -369,6 +369,22 @@ def test_grpo_recipe_with_on_policy_anchors_records_them_once(warm_model, tmp_pa
     assert states.stat().st_mtime == stamp
 
 
+def test_a_model_preset_applies_the_same_from_a_yaml_as_from_the_command_line(tmp_path):
+    """``model_name_or_path: smollm2`` in a ``--config`` YAML brings the model's preset for the environment, as the
+    flag does; a flag still overrides it."""
+    recipe = load_recipe("grpo_clinical")
+    config = tmp_path / "smollm2.yaml"
+    config.write_text("model_name_or_path: smollm2\n")
+    by_flag = recipe.parse_args(["--model_name_or_path", "smollm2"])
+    by_yaml = recipe.parse_args(["--config", str(config)])
+    for flags, yaml_args in zip(by_flag, by_yaml, strict=True):
+        assert flags.to_dict() == yaml_args.to_dict() if hasattr(flags, "to_dict") else vars(flags) == vars(yaml_args)
+    script_args, training_args, _ = by_yaml
+    assert (training_args.max_steps, script_args.sft_max_steps) == (12, 16)  # the clinical rl:smollm2 preset
+    assert training_args.output_dir == "outputs/grpo_clinical_smollm2"
+    assert recipe.parse_args(["--config", str(config), "--max_steps", "3"])[1].max_steps == 3
+
+
 def test_yaml_config_is_read_and_flags_override_it():
     recipe = load_recipe("grpo_clinical")
     script_args, training_args, model_args = recipe.parse_args(

@@ -100,8 +100,8 @@ def requested(argv: Sequence[str], flag: str) -> str | None:
             return value
     if config and Path(config).is_file():
         loaded = yaml.safe_load(Path(config).read_text()) or {}
-        if isinstance(loaded, dict) and loaded.get(flag) is not None:
-            return str(loaded[flag])
+        if isinstance(loaded, dict) and isinstance(loaded.get(flag), str):  # a YAML `env:` maps environment variables
+            return loaded[flag]
     return None
 
 
