@@ -100,8 +100,10 @@ DEFAULTS = {
 }
 
 
-def main(script_args: ScriptArguments, training_args: GRPOConfig, model_args: ModelConfig) -> GRPOTrainer:
-    """Steps 2-5 above; returns the trainer after training and saving."""
+def main(
+    script_args: ScriptArguments, training_args: GRPOConfig, model_args: ModelConfig, trainer_cls=GRPOTrainer
+) -> GRPOTrainer:
+    """Steps 2-5 above with ``trainer_cls`` (TRL's ``GRPOTrainer`` or a subclass); returns it trained and saved."""
     interface = get_env_interface(script_args.env)
     tasks = list(script_args.tasks or interface.tasks())
 
@@ -129,7 +131,7 @@ def main(script_args: ScriptArguments, training_args: GRPOConfig, model_args: Mo
     # 5. TRL's trainer, its tool loop and its loss.
     training_args.reward_weights = [0.0] * len(METRIC_FUNCS)  # TRL appends get_reward with weight 1
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)  # dtype, quantisation
-    trainer = GRPOTrainer(
+    trainer = trainer_cls(
         model=model_path,
         reward_funcs=list(METRIC_FUNCS),
         args=training_args,
