@@ -149,6 +149,8 @@ class ToolEnvironment:
         Returns:
             The next state with its actions, or the result when the episode ends.
         """
+        if self.env is None:
+            raise RuntimeError("call reset() before act()")
         self.tool_calls += 1
         if self.done:
             self.calls_after_end += 1
@@ -168,7 +170,8 @@ class ToolEnvironment:
             played = self.interface.describe_action(parsed.action)
             note = f"Invalid action_index ({reason}): played instead: {played}\n"
         obs, reward, terminated, truncated, info = result
-        self._recent = [*self._recent, digest(self.interface, self.decisions, parsed.action, info)]
+        self._recent.append(digest(self.interface, self.decisions, parsed.action, info))
+        del self._recent[: max(0, len(self._recent) - self.recent_k)]  # the digest shows the last recent_k
         self.decisions += 1
         self.running_return += float(reward)
         self.obs, self._last_info = obs, info
@@ -214,8 +217,7 @@ class ToolEnvironment:
         }
 
     def _state_text(self) -> str:
-        recent = self._recent[len(self._recent) - self.recent_k :] if self.recent_k > 0 else []
-        return build_messages(self.interface, self.obs, recent, "index", self.candidates)[-1]["content"]
+        return build_messages(self.interface, self.obs, self._recent, "index", self.candidates)[-1]["content"]
 
     def _result_text(self) -> str:
         score = "none" if self.final_score is None else f"{self.final_score:.6g}"

@@ -134,7 +134,10 @@ def test_a_cut_episode_is_scored_by_its_running_return_and_says_why():
     env.act(1)
     assert not env.done and env.get_reward() == env.running_return != 0.0
     assert (env.reward_kind, env.cut_by) == ("running_return", "tool_call_budget")
-    assert environment_factory("conquest")().get_reward() == 0.0  # never reset: nothing played
+    never_reset = environment_factory("conquest")()
+    assert never_reset.get_reward() == 0.0  # nothing played
+    with pytest.raises(RuntimeError, match="reset"):
+        never_reset.act(0)
     env.reset(task="duel", seed=4)  # a reset forgets the episode
     assert (env.decisions, env.running_return, env.reward_kind, env.cut_by) == (0, 0.0, None, None)
 
