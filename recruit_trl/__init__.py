@@ -8,9 +8,10 @@ than the bundled clinical recruitment one (:mod:`env`) can be added without touc
 
 The public API, importable from here::
 
-    from recruit_trl import RolloutConfig, get_env_interface, get_reward_funcs, make_rollout
+    from recruit_trl import RolloutConfig, environment_factory, get_env_interface, get_reward_funcs, make_rollout
 
     rollout = make_rollout(RolloutConfig(env="clinical"))  # GRPOTrainer(..., rollout_func=rollout)
+    env_class = environment_factory("conquest")  # GRPOTrainer(..., environment_factory=env_class): TRL's tool loop
 
 Names are imported on first use: ``import recruit_trl`` stays light (the rollouts import torch and transformers).
 """
@@ -35,6 +36,8 @@ _EXPORTS = {
     "get_env_interface": "recruit_trl.protocol",
     "get_reward_funcs": "rewards",
     "ReinforceTrainer": "recruit_trl.training.reinforce",
+    "environment_factory": "recruit_trl.rollout.tool_env",
+    "ToolEnvironment": "recruit_trl.rollout.tool_env",
 }
 
 __all__ = [
@@ -44,8 +47,10 @@ __all__ = [
     "PromptConfig",
     "ReinforceTrainer",
     "RolloutConfig",
+    "ToolEnvironment",
     "WindowRollout",
     "__version__",
+    "environment_factory",
     "get_env_interface",
     "get_reward_funcs",
     "make_rollout",
@@ -56,6 +61,7 @@ if TYPE_CHECKING:
     from recruit_trl.protocol import EnvInterface, MultiStepEnv, get_env_interface, register_env
     from recruit_trl.rollout.config import PromptConfig, RolloutConfig
     from recruit_trl.rollout.rollout_funcs import BranchRollout, WindowRollout, make_rollout
+    from recruit_trl.rollout.tool_env import ToolEnvironment, environment_factory
     from recruit_trl.training.reinforce import ReinforceTrainer
     from rewards import get_reward_funcs
 

