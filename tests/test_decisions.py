@@ -134,7 +134,14 @@ def replay_value(decision, action, continuation, seed):
 
 def test_teacher_value_is_the_continuation_after_the_teachers_action(decisions):
     rows = decisions[::3]
-    values = state_values(INTERFACE, rows, {TEACHER: [d.teacher_action for d in rows]}, seed=7, progress=False)
+    values = state_values(
+        INTERFACE,
+        rows,
+        {TEACHER: [d.teacher_action for d in rows]},
+        seed=7,
+        progress=False,
+        continuation="grader_heuristic",
+    )
     continuation = INTERFACE.get_policy("grader_heuristic")
     expected = [replay_value(d, d.teacher_action, continuation, 7) for d in rows]
     assert values[TEACHER]["values"] == pytest.approx(expected, abs=1e-6)
