@@ -82,7 +82,8 @@ def parse_args(argv: list[str] | None = None):
 
 def train(script_args, training_args, model_args):
     """Build the GRPO trainer the recipe builds without a warm start (environment, model, anchors, rollouts,
-    rewards) and train it for ``training_args.max_steps`` steps; returns the trainer."""
+    rewards; episode mode: the rows' own advantages) and train it for ``training_args.max_steps`` steps; returns the
+    trainer."""
     import torch
     from transformers import AutoTokenizer
     from trl import GRPOTrainer, get_peft_config
@@ -92,6 +93,7 @@ def train(script_args, training_args, model_args):
     from recruit_trl.rollout.rollout_funcs import make_rollout
     from recruit_trl.training.anchor_data import make_anchor_dataset
     from recruit_trl.training.arguments import with_env_tasks
+    from recruit_trl.training.episode_trainer import episode_trainer
     from recruit_trl.training.model_setup import model_init_kwargs, resolve_model_for
     from rewards import get_reward_funcs
 
@@ -102,11 +104,13 @@ def train(script_args, training_args, model_args):
     model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
     rollout = make_rollout(script_args, interface)
+    episode = script_args.mode == "episode"  # as the pipeline: the rows' own advantages, a generation batch of rows
     dataset = make_anchor_dataset(
         script_args, interface, rollout.cache, student=model_path,
         temperature=training_args.temperature, top_p=training_args.top_p,
+        min_rows=training_args.generation_batch_size // training_args.num_generations if episode else 0,
     )  # fmt: skip
-    trainer = GRPOTrainer(
+    trainer = (episode_trainer(GRPOTrainer) if episode else GRPOTrainer)(
         model=model_path,
         reward_funcs=get_reward_funcs(script_args.reward_funcs),
         args=training_args,

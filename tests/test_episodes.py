@@ -203,3 +203,19 @@ def test_smollm2_with_lora_trains_one_episode_mode_step(tmp_path):
     trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     assert any("episode/outcome" in h for h in trainer.state.log_history)
+
+
+def test_the_training_loop_benchmark_trains_episode_mode_on_its_rows_advantages(warm_model, tmp_path, monkeypatch):
+    """``python -m recruit_trl.bench_rollout --mode episode`` builds the pipeline's episode trainer (the rows' own
+    advantages) on enough anchor rows for a generation batch, as the recipe does."""
+    from recruit_trl import bench_rollout
+
+    monkeypatch.setattr(GRPOTrainer, "train", lambda self, *a, **k: None)  # the trainer as built, not trained
+    _, script_args, training_args, model_args = bench_rollout.parse_args([
+        "--steps", "1", "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--mode", "episode",
+        "--anchor_seeds", "100", "--anchor_days", "0", "--tasks", "easy_bench",
+        "--per_device_train_batch_size", "8", "--num_generations", "4",
+    ])  # fmt: skip
+    trainer = bench_rollout.train(script_args, training_args, model_args)
+    assert isinstance(trainer, EpisodeAdvantages)
+    assert len(trainer.train_dataset) >= training_args.generation_batch_size // training_args.num_generations

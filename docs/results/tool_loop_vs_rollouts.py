@@ -138,44 +138,6 @@ def tool_loop(name: str, case: dict, model: str, steps: int) -> dict:
     }  # fmt: skip
 
 
-def train_rollouts(script_args, training_args, model_args):
-    """``recruit_trl.bench_rollout.train``'s trainer, and for episode mode the recipe's: the rows' own advantages
-    (``recruit_trl.training.episode_trainer``) and enough anchor rows for a generation batch
-    (``recruit_trl.pipeline``)."""
-    from transformers import AutoTokenizer as Tokenizer
-    from trl import get_peft_config
-
-    from recruit_trl.rollout.rollout_funcs import make_rollout
-    from recruit_trl.training.anchor_data import make_anchor_dataset
-    from recruit_trl.training.arguments import with_env_tasks
-    from recruit_trl.training.episode_trainer import episode_trainer
-    from recruit_trl.training.model_setup import model_init_kwargs, resolve_model_for
-    from rewards import get_reward_funcs
-
-    interface = get_env_interface(script_args.env)
-    with_env_tasks(script_args, interface)
-    model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
-    training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
-    rollout = make_rollout(script_args, interface)
-    episode = script_args.mode == "episode"
-    dataset = make_anchor_dataset(
-        script_args, interface, rollout.cache, student=model_path, temperature=training_args.temperature,
-        min_rows=training_args.generation_batch_size if episode else 0,
-    )  # fmt: skip
-    trainer_cls = episode_trainer(GRPOTrainer) if episode else GRPOTrainer
-    trainer = trainer_cls(
-        model=model_path,
-        reward_funcs=get_reward_funcs(script_args.reward_funcs),
-        args=training_args,
-        train_dataset=dataset,
-        processing_class=Tokenizer.from_pretrained(model_path, padding_side="left"),
-        peft_config=get_peft_config(model_args),
-        rollout_func=rollout,
-    )
-    trainer.train()
-    return trainer
-
-
 def rollouts(name: str, case: dict, model: str, steps: int, mode: str) -> dict:
     with tempfile.TemporaryDirectory() as out:
         _, script_args, training_args, model_args = bench_rollout.parse_args([
@@ -183,7 +145,7 @@ def rollouts(name: str, case: dict, model: str, steps: int, mode: str) -> dict:
             "--output_dir", out, "--steps", str(steps), *COMMON, *case[mode],
         ])  # fmt: skip
         start = time.perf_counter()
-        trainer = train_rollouts(script_args, training_args, model_args)
+        trainer = bench_rollout.train(script_args, training_args, model_args)
         wall = time.perf_counter() - start
     history = [h for h in trainer.state.log_history if "step_time" in h]
     prompt = mean(float(h["rollout/prompt_tokens_per_decision"]) for h in history)
