@@ -38,3 +38,13 @@ def test_readme_has_the_two_setup_commands():
     text = README.read_text()
     assert "pip install torch==2.13.0 && pip install -e ." in text
     assert 'python -m pytest -q -m "not slow"' in text
+
+
+def test_the_readme_is_short_and_its_layout_names_every_recipe():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    layout = text[text.index("## Layout") :]
+    missing = [
+        p.name for p in sorted((ROOT / "recipes").glob("*.py")) if p.name not in layout and p.stem != "gpu_check"
+    ]
+    assert not missing, f"recipes the README's layout does not name: {missing}"
