@@ -18,8 +18,6 @@ from recruit_trl.training.sft_data import SFTArguments
 # The main job scores each sampled action by the final grade of its episode (continued to the end by a fast
 # policy, common random numbers within the group) plus a format term; see the README for the rationale.
 DEFAULT_REWARDS = ("final_score_reward", "format_reward")
-
-
 DEFAULT_REWARD_WEIGHTS = [1.0, 0.5]
 
 
@@ -82,27 +80,25 @@ def rl_flag(name: str) -> str:
     return name if name == "teacher" or name.startswith("dagger_") else f"sft_{name}"
 
 
-def requested(argv: Sequence[str], flag: str) -> str | None:
-    """The value of ``--flag`` on the command line (``--flag VALUE`` or ``--flag=VALUE``), else in the ``--config``
-    YAML file the command line names, else ``None``."""
-    config = None
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value of ``--flag`` on the command line (``--flag VALUE`` or ``--flag=VALUE``), else ``None``."""
     for i, arg in enumerate(argv):
-        value = None
-        if arg in (f"--{flag}", "--config") and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith((f"--{flag}=", "--config=")):
-            value = arg.split("=", 1)[1]
-        if value is None:
-            continue
-        if arg.startswith("--config"):
-            config = value
-        else:
-            return value
-    if config and Path(config).is_file():
+        if arg == f"--{flag}" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(f"--{flag}="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def requested(argv: Sequence[str], flag: str) -> str | None:
+    """The value of ``--flag`` on the command line, else in the ``--config`` YAML file it names, else ``None``."""
+    value = flag_value(argv, flag)
+    config = flag_value(argv, "config")
+    if value is None and config and Path(config).is_file():
         loaded = yaml.safe_load(Path(config).read_text()) or {}
         if isinstance(loaded, dict) and isinstance(loaded.get(flag), str):  # a YAML `env:` maps environment variables
-            return loaded[flag]
-    return None
+            value = loaded[flag]
+    return value
 
 
 def recipe_defaults(kind: str, recipe: str, env: str, argv: Sequence[str]) -> dict[str, Any]:
