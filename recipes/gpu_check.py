@@ -325,7 +325,7 @@ def main(args: argparse.Namespace) -> dict:
         timings["build_model"] = time.perf_counter() - t0
         tokenizer = AutoTokenizer.from_pretrained(folder, padding_side="left")
 
-        script_args = ScriptArguments(env=ENV, **ROLLOUT)
+        script_args = ScriptArguments(env_name=ENV, **ROLLOUT)
         rollout = make_rollout(script_args, interface)
         generation = GenerationTimer(rollout)
         dataset = make_anchor_dataset(script_args, interface, rollout.cache)

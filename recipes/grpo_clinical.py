@@ -21,8 +21,8 @@ Top to bottom (steps 2-6 are ``recruit_trl.pipeline.run_rl``, which the REINFORC
 4. Warm start (``--warm_start auto``): the SFT recipe's pipeline (``recruit_trl.training.warm_start``), in-process with
    this run's ``ModelConfig``, imitates ``--teacher`` (cached in ``<output_dir>/sft``; DAgger rounds, the best round
    kept; its settings are the SFT recipe's flags as ``--sft_*``). A pretrained model trains a
-   LoRA adapter, which RL continues; the tiny model built here fine-tunes every weight (``--sft_full_finetune
-   auto``) and RL then trains every weight too (``--rl_full_finetune auto``) or a fresh adapter on it.
+   LoRA adapter, which RL continues; the tiny model built here fine-tunes every weight (``--sft_full_finetune``
+   unset) and RL then trains every weight too (``--rl_full_finetune`` unset) or a fresh adapter on it.
 5. Anchors: states on tasks x seeds x days, reached by replaying ``--anchor_policy`` (an environment policy) or
    recorded once from the model RL starts from (``--anchor_policy student``: on-policy states); the prompt column
    carries the anchor. Rollouts (``--mode branch|window``; ``--continuation_seeds`` continuations per distinct

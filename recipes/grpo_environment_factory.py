@@ -62,10 +62,10 @@ from recruit_trl.training.model_setup import model_init_kwargs, resolve_policy_m
 class ScriptArguments:
     """The environment, its rows, and the tiny model built for it."""
 
-    env: str = field(
+    env_name: str = field(
         default="conquest",
         metadata={"help": "Environment: a registered name (clinical, conquest), an installed recruit_trl.envs entry "
-                  "point or 'package.module:attribute'."},
+                  "point or 'package.module:attribute'. On the command line also --env.", "aliases": ["--env"]},
     )  # fmt: skip
     tasks: list[str] = field(default_factory=list, metadata={"help": "Tasks of the rows (default: the env's own)."})
     seeds: str = field(default="0-63", metadata={"help": "Reset seeds of the rows, e.g. '0-63' or '3,7,9-11'."})
@@ -74,16 +74,13 @@ class ScriptArguments:
         default_factory=list,
         metadata={"help": "Tasks of the tiny model's warm-up corpus (model 'tiny' only; default: --tasks)."},
     )
-    tiny_corpus_seeds: int = field(
-        default=8, metadata={"help": "Episodes per task in the tiny model's warm-up corpus (model 'tiny' only)."}
-    )
 
 
 # The CPU run: conquest duel, 4 steps of 2 groups of 4 rollouts. The tiny model holds 2,048 tokens: a ~530-token
 # first state and ~520 tokens per decision (7 for the call, the next state) fit three decisions in 1,500 completion
 # tokens. Each turn writes at most 12 tokens, as the rollouts' index contract does.
 DEFAULTS = {
-    "env": "conquest",
+    "env_name": "conquest",
     "tasks": ["duel"],
     "tiny_tasks": ["classic3", "duel"],  # the tiny model recipes/grpo_conquest.py builds (one cache entry)
     "output_dir": "outputs/grpo_environment_factory",
@@ -106,7 +103,7 @@ def main(
     script_args: ScriptArguments, training_args: GRPOConfig, model_args: ModelConfig, trainer_cls=GRPOTrainer
 ) -> GRPOTrainer:
     """Steps 2-5 above with ``trainer_cls`` (TRL's ``GRPOTrainer`` or a subclass); returns it trained and saved."""
-    interface = get_env_interface(script_args.env)
+    interface = get_env_interface(script_args.env_name)
     tasks = list(script_args.tasks or interface.tasks())
 
     # 3. The model and a tokenizer that renders and parses tool calls.
@@ -115,14 +112,13 @@ def main(
         interface,
         tasks=script_args.tiny_tasks or tasks,
         recent_k=script_args.recent_k,
-        corpus_episodes=script_args.tiny_corpus_seeds,
     )
     tokenizer = tool_calling_tokenizer(AutoTokenizer.from_pretrained(model_path, padding_side="left"))
     dialect = tokenizer.chat_template == TOOL_CHAT_TEMPLATE
 
     # 2. The environment class, and 4. its rows.
     factory = environment_factory(
-        script_args.env,
+        script_args.env_name,
         recent_k=script_args.recent_k,
         max_tool_calls=training_args.max_tool_calling_iterations,
         instructions=INDEX_INSTRUCTIONS if dialect else None,

@@ -5,9 +5,8 @@
     accelerate launch recipes/sft_clinical.py --model_name_or_path Qwen/Qwen3-4B --bf16 true --load_in_4bit
 
 Top to bottom:
-1. Arguments: ``SFTScriptArguments`` (the environment, its tasks and
-   ``recruit_trl.training.sft_data.SFTArguments``: teacher, seeds, balancing, DAgger) + TRL's ``SFTConfig`` +
-   ``ModelConfig`` through ``TrlParser``; CPU-friendly defaults.
+1. Arguments: ``SFTScriptArguments`` (``recruit_trl.training.arguments``: the environment, its tasks, the teacher,
+   seeds, balancing, DAgger) + TRL's ``SFTConfig`` + ``ModelConfig`` through ``TrlParser``; CPU-friendly defaults.
 2. Data: teacher traces on ``--train_seeds`` (balanced by action type within each task) and ``--heldout_seeds``
    (untouched), as conversational prompt/completion rows; saved to ``<output_dir>/dataset`` and reused on re-runs.
 3. ``SFTTrainer`` trains a LoRA adapter on the completions only (``--use_peft false``: every weight, which suits the
@@ -30,12 +29,18 @@ import sys
 
 from trl import ModelConfig, SFTConfig, TrlParser
 
+from recruit_trl.protocol import get_env_interface
+from recruit_trl.training.arguments import SFTScriptArguments, with_env_tasks
 from recruit_trl.training.defaults import recipe_defaults
-from recruit_trl.training.warm_start import SFTScriptArguments, train_sft
+from recruit_trl.training.model_setup import resolve_model_for
+from recruit_trl.training.warm_start import train_sft
 
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
-    return train_sft(script_args, training_args, model_args)
+    # The environment, its tasks, and the base model, resolved once (``tiny`` is built for the environment's prompts).
+    interface = get_env_interface(script_args.env_name)
+    model_path = resolve_model_for(model_args.model_name_or_path, with_env_tasks(script_args, interface), interface)
+    return train_sft(script_args, training_args, model_args, model_path)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, SFTConfig, ModelConfig]:

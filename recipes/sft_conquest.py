@@ -33,20 +33,21 @@ import sys
 from trl import ModelConfig, SFTConfig, TrlParser
 
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.training.arguments import with_env_tasks
+from recruit_trl.training.arguments import SFTScriptArguments, with_env_tasks
 from recruit_trl.training.defaults import recipe_defaults
 from recruit_trl.training.model_setup import full_finetune, resolve_model_for
-from recruit_trl.training.warm_start import SFTScriptArguments, benchmark_sft, train_sft
+from recruit_trl.training.warm_start import benchmark_sft, train_sft
 
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
     # Every weight of the tiny model built here (its LoRA lacks the capacity to imitate the teacher), a LoRA adapter
     # on a pretrained or quantised model; --use_peft false asks for every weight.
-    interface = get_env_interface(script_args.env)
-    base = resolve_model_for(model_args.model_name_or_path, with_env_tasks(script_args, interface), interface)
-    model_args.use_peft = not full_finetune("auto", model_args, base)
-    report = train_sft(script_args, training_args, model_args)
-    return benchmark_sft(script_args, training_args, model_args, report)
+    # The base model is resolved once (``tiny`` is built for the environment's prompts) and carried to every step.
+    interface = get_env_interface(script_args.env_name)
+    model_path = resolve_model_for(model_args.model_name_or_path, with_env_tasks(script_args, interface), interface)
+    model_args.use_peft = not full_finetune(None, model_args, model_path)
+    report = train_sft(script_args, training_args, model_args, model_path)
+    return benchmark_sft(script_args, training_args, model_args, model_path, report)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, SFTConfig, ModelConfig]:

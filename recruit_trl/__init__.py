@@ -10,7 +10,7 @@ The public API, importable from here::
 
     from recruit_trl import RolloutConfig, environment_factory, get_env_interface, get_reward_funcs, make_rollout
 
-    rollout = make_rollout(RolloutConfig(env="clinical"))  # GRPOTrainer(..., rollout_func=rollout)
+    rollout = make_rollout(RolloutConfig(env_name="clinical"))  # GRPOTrainer(..., rollout_func=rollout)
     env_class = environment_factory("conquest")  # GRPOTrainer(..., environment_factory=env_class): TRL's tool loop
 
 Names are imported on first use: ``import recruit_trl`` stays light (the rollouts import torch and transformers).

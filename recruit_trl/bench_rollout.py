@@ -99,7 +99,7 @@ def train(script_args, training_args, model_args):
 
     if not torch.cuda.is_available():  # as the recipe: the CPU cores shared by the training processes
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(1, training_args.world_size)))
-    interface = get_env_interface(script_args.env)
+    interface = get_env_interface(script_args.env_name)
     with_env_tasks(script_args, interface)
     model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)

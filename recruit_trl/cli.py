@@ -52,7 +52,7 @@ def _format_number(value: float) -> str:
     return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int] = ()) -> str:
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int] = ()) -> str:
     """Plain-text table: left-aligned columns, except the indices in ``right``."""
     widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
 
@@ -81,7 +81,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     rows = [
         [_format_number(v) if is_number(v := row.get(key, "")) else str(v) for key in headers] for row in described
     ]
-    print(format_table(headers, rows, right=right))
+    print(text_table(headers, rows, right=right))
     return 0
 
 
@@ -123,7 +123,7 @@ def _add_eval(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from recruit_trl.evaluation.evaluate import EvalConfig, evaluate
-    from recruit_trl.evaluation.report import format_table, plot_results
+    from recruit_trl.evaluation.report import format_results, plot_results
     from recruit_trl.files import write_json_atomic
     from recruit_trl.protocol import get_env_interface
     from recruit_trl.ranges import parse_int_ranges
@@ -144,7 +144,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         constrained=args.constrained,
     )
     report = evaluate(args.policy, config, progress=not args.no_progress, trace_path=args.trace)
-    print(format_table(report["results"]))
+    print(format_results(report["results"]))
     if args.trace:
         print(f"wrote {args.trace}")
     if args.json:

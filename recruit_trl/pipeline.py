@@ -53,7 +53,7 @@ def run_rl(
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(1, training_args.world_size)))
 
     # 1. Environment (and its tasks, unless --tasks names some).
-    interface = get_env_interface(script_args.env)
+    interface = get_env_interface(script_args.env_name)
     with_env_tasks(script_args, interface)
 
     # 2. Policy model (a local folder).

@@ -18,3 +18,18 @@ def load_recipe(name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def resolutions(monkeypatch) -> list[str]:
+    """The names of the models resolved from now on: every ``recruit_trl.models.loading.resolve_model`` call (the
+    tiny model's fingerprint plays an episode per task each time)."""
+    import recruit_trl.models.loading as loading
+
+    resolved, resolve = [], loading.resolve_model
+
+    def counted(name, *args, **kwargs):
+        resolved.append(name)
+        return resolve(name, *args, **kwargs)
+
+    monkeypatch.setattr(loading, "resolve_model", counted)
+    return resolved

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from datasets import load_from_disk
-from recipe_files import load_recipe
+from recipe_files import load_recipe, resolutions
 
 import recruit_trl.rollout.rollout_funcs as rollout_mod
 from recruit_trl.models.loading import is_trained
@@ -40,14 +40,16 @@ def conquest_model(tmp_path_factory) -> str:
     return str(model)
 
 
-def test_sft_recipe_trains_on_teacher_sets_and_benchmarks(conquest_model, tmp_path):
+def test_sft_recipe_trains_on_teacher_sets_and_benchmarks(conquest_model, tmp_path, monkeypatch):
     recipe = load_recipe("sft_conquest")
+    resolved = resolutions(monkeypatch)
     flags = [
         "--model_name_or_path", conquest_model, "--tasks", "duel", "--train_seeds", "0", "--fixed_seeds", "1",
         "--heldout_seeds", "2", "--max_steps", "1", "--per_device_train_batch_size", "4", "--heldout_rows", "8",
         "--save_strategy", "no", "--output_dir", str(tmp_path),
     ]  # fmt: skip
     report = recipe.main(*recipe.parse_args(flags))
+    assert resolved == [conquest_model]  # the model is resolved once, for training and benchmark alike
     # The held-out rows are scored once, by the benchmark; the SFT report keeps the data's and the model's facts.
     sft_report = json.loads((tmp_path / "heldout_report.json").read_text())
     assert is_trained(tmp_path) and "rows" not in sft_report and sft_report["data"]["train_rows"] > 0
@@ -80,11 +82,19 @@ def test_sft_recipe_trains_on_teacher_sets_and_benchmarks(conquest_model, tmp_pa
 
 def test_recipe_defaults_are_conquests():
     script_args, training_args, model_args = load_recipe("grpo_conquest").parse_args([])
-    assert (script_args.env, script_args.tasks, script_args.teacher) == ("conquest", ["classic3", "duel"], "teacher")
+    assert (script_args.env_name, script_args.tasks, script_args.teacher) == (
+        "conquest",
+        ["classic3", "duel"],
+        "teacher",
+    )
     assert script_args.sft_data == "teacher_sets" and script_args.anchor_policy == "teacher"
     assert training_args.output_dir == "outputs/grpo_conquest" and model_args.model_name_or_path == "tiny"
     script_args, training_args, _ = load_recipe("sft_conquest").parse_args([])
-    assert (script_args.env, script_args.tasks, script_args.teacher) == ("conquest", ["classic3", "duel"], "teacher")
+    assert (script_args.env_name, script_args.tasks, script_args.teacher) == (
+        "conquest",
+        ["classic3", "duel"],
+        "teacher",
+    )
     assert (script_args.data, script_args.heldout_seeds) == ("teacher_sets", "300-359")
     assert training_args.output_dir == "outputs/sft_conquest"
 
@@ -154,7 +164,7 @@ def test_branch_rollout_logs_the_share_of_rows_whose_game_is_won(conquest_model,
     )  # fmt: skip
     monkeypatch.setattr(rollout_mod, "sample", _ScriptedSampler(tokenizer, ['{"action_index": 0}', "no idea"]))
     monkeypatch.setattr(rollout_mod, "policy_for_generation", lambda trainer: nullcontext(object()))
-    config = RolloutConfig(env="conquest", horizon=12, continuation_policy="teacher")
+    config = RolloutConfig(env_name="conquest", horizon=12, continuation_policy="teacher")
     rollout = BranchRollout(config)
     # The teacher wins duel seed 0 after 85 decisions: 12 more from decision 80 end it, from decision 0 they do not.
     anchors = [Anchor("duel", 0, 80, policy="teacher"), Anchor("duel", 0, 0, policy="teacher")]
@@ -163,7 +173,7 @@ def test_branch_rollout_logs_the_share_of_rows_whose_game_is_won(conquest_model,
     assert wins == [True, True, False, False]
     assert logged["rollout/win_rate"] == 0.5
     assert logged["rollout/fallback_rate"] == 0.5  # "no idea": the fallback plays, and the game is still won
-    clinical = BranchRollout(RolloutConfig(env="clinical"))
+    clinical = BranchRollout(RolloutConfig(env_name="clinical"))
     logged.clear()
     clinical.log_metrics(trainer, [{"valid": 1.0, "action_error": None, "action_type": "recontact"}], 1.0, 4, 1)
     rates = {k for k in logged if k.endswith("_rate")}

@@ -13,7 +13,7 @@ import env.clinical.agent  # noqa: F401
 from recruit_trl.contracts import build_messages, parse_action
 from recruit_trl.decisions.answers import answer_actions, model_answers
 from recruit_trl.decisions.decision_set import decision_set, sample_decisions
-from recruit_trl.decisions.report import evaluate_decisions, format_table
+from recruit_trl.decisions.report import evaluate_decisions, format_decision_report
 from recruit_trl.decisions.table import benchmark_table
 from recruit_trl.decisions.values import state_values
 from recruit_trl.protocol import get_env_interface
@@ -196,5 +196,5 @@ def test_model_answers_and_the_whole_evaluation_with_a_tiny_model(warm_model, de
     )
     assert result["state_value"][policy]["vs_reference"]["n"] == 5
     assert json.loads(json.dumps(result)) == result
-    text = format_table(result)
+    text = format_decision_report(result)
     assert "model:model " in text and "s per decision" in text and "s per continuation" in text

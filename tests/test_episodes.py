@@ -93,7 +93,9 @@ def play(tokenizer, monkeypatch, texts, group=4, **config):
     """The episode rollout on two conquest duel starts, ``group`` episodes each, the answers scripted."""
     sampler = ScriptedSampler(tokenizer, texts)
     monkeypatch.setattr(rollout_mod, "sample", sampler)
-    rollout = EpisodeRollout(RolloutConfig(env="conquest", mode="episode", continuation_policy="teacher", **config))
+    rollout = EpisodeRollout(
+        RolloutConfig(env_name="conquest", mode="episode", continuation_policy="teacher", **config)
+    )
     anchors = [Anchor("duel", 5, 0, "teacher"), Anchor("duel", 6, 0, "teacher")]
     prompts = [a.key() for a in anchors for _ in range(group)]
     episodes = rollout.play(None, object(), tokenizer, None, anchors, group, step=0)
@@ -129,7 +131,7 @@ def test_rows_are_decisions_whose_completion_is_the_models_answer_only(tokenizer
     assert all(len(c) == len(lp) for c, lp in zip(out["completion_ids"], out["logprobs"], strict=True))
     assert set(out["valid"]) <= {0.0, 1.0} and all(isinstance(a, float) for a in out["advantage"])
     assert (
-        make_rollout(RolloutConfig(env="conquest", mode="episode", continuation_policy="teacher")).__class__
+        make_rollout(RolloutConfig(env_name="conquest", mode="episode", continuation_policy="teacher")).__class__
         is EpisodeRollout
     )
 

@@ -11,7 +11,7 @@ import pytest
 import env.clinical.agent
 from recruit_trl.cli import main as cli
 from recruit_trl.evaluation.evaluate import EvalConfig, evaluate
-from recruit_trl.evaluation.report import format_table, plot_results
+from recruit_trl.evaluation.report import format_results, plot_results
 
 TASK = "hard_bench_stage_30"
 RESULT_KEYS = {
@@ -53,10 +53,10 @@ def test_env_policies_and_teacher_match():
     for row in rows:
         assert "curriculum_screening" in row["score_terms_mean"]
         assert abs(sum(row["score_terms_mean"].values()) - row["final_score_mean"]) < 1e-3
-    assert "heuristic" in format_table(rows)
+    assert "heuristic" in format_results(rows)
     # Validity to a tenth of a percent: rounded to whole percents, 98.5 % read as the 99 % target met.
     row = dict(rows[0], valid_action_rate=0.985)
-    assert " 98.5%" in format_table([row]).splitlines()[2]
+    assert " 98.5%" in format_results([row]).splitlines()[2]
     assert report["versions"]["python"]
 
 

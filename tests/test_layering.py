@@ -208,3 +208,27 @@ def test_no_module_re_exports_another_modules_names():
         )
     ]
     assert not with_all, f"modules with __all__ (import from the defining module instead): {with_all}"
+
+
+def test_every_script_imports_names_that_exist():
+    """The recipes, the docs' measurement scripts and the tests import only names the project defines, at any depth
+    (a function-local import fails only when its function runs, which a measurement script may do once a month)."""
+    import importlib.util
+
+    scripts = [*sorted((ROOT / "recipes").glob("*.py")), *sorted((ROOT / "docs").rglob("*.py")), *sources("tests")]
+    missing = []
+    for path in scripts:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module):
+                continue
+            if node.module.split(".")[0] not in ("recruit_trl", "env", "rewards"):
+                continue
+            try:
+                module = importlib.import_module(node.module)
+            except ModuleNotFoundError:
+                missing.append(f"{path.relative_to(ROOT)}:{node.lineno}: no module {node.module}")
+                continue
+            for alias in node.names:
+                if not hasattr(module, alias.name) and importlib.util.find_spec(f"{node.module}.{alias.name}") is None:
+                    missing.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.module} has no {alias.name}")
+    assert not missing, "\n".join(missing)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import load_from_disk
-from recipe_files import load_recipe
+from recipe_files import load_recipe, resolutions
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from trl import GRPOTrainer
@@ -179,8 +179,9 @@ def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
             losses.append(trainer.compute_loss(trainer.model, dict(batch)).item())
     assert losses[0] == pytest.approx(losses[1], rel=1e-5) and losses[0] > 0
     script_args = recipe.parse_args(["--model_name_or_path", warm_model])[0]
-    assert token_metrics(script_args, warm_model) is False  # auto: the tiny model's vocabulary is small
-    with pytest.raises(ValueError, match="token_metrics"):
+    assert token_metrics(script_args, warm_model) is False  # unset: the tiny model's vocabulary is small
+    assert token_metrics(recipe.parse_args(["--token_metrics", "true"])[0], warm_model) is True
+    with pytest.raises(SystemExit):
         recipe.parse_args(["--token_metrics", "maybe"])
 
 
@@ -253,10 +254,11 @@ def test_grpo_recipe_under_accelerate_launch_with_two_cpu_processes(warm_model, 
     assert (tmp_path / "adapter_config.json").is_file()
 
 
-def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
+def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path, monkeypatch):
     """Warm start (SFT, every weight of the tiny model) -> GRPO (every weight too) -> held-out report with plots,
     then a re-run that redoes nothing."""
     recipe = load_recipe("grpo_clinical")
+    resolved = resolutions(monkeypatch)
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "2",
         "--tasks", "hard_bench_stage_30", "--anchor_seeds", "100", "--anchor_days", "0-20:10",
@@ -265,7 +267,8 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
         "--eval_seeds", "0-1", "--eval_baselines", "heuristic", "--save_steps", "1", "--eval_sampled", "grpo",
     ]  # fmt: skip
     recipe.main(*recipe.parse_args(flags))
-    sft_dir = tmp_path / "sft"  # --sft_full_finetune auto: a tiny model built here is fully fine-tuned
+    assert resolved == [warm_model]  # resolved once; the warm start, RL and the report are handed the folder
+    sft_dir = tmp_path / "sft"  # --sft_full_finetune unset: a tiny model built here is fully fine-tuned
     assert (sft_dir / "model.safetensors").is_file() and not (sft_dir / "adapter_config.json").exists()
     assert (tmp_path / "model.safetensors").is_file() and not (tmp_path / "adapter_config.json").exists()
     report = json.loads((tmp_path / "report.json").read_text())
@@ -283,7 +286,7 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path):
     assert round_args.num_train_epochs == 0.5  # --dagger_epochs reaches the DAgger rounds
     selection = report["sft"]["round_selection"]  # one DAgger round: rounds 0 and 1 played, the better kept
     assert len(selection["student_scores"]) == 2 and selection["selected_round"] in (0, 1)
-    assert report["config"]["sft_full_finetune_resolved"] is True  # "auto", resolved for a tiny model built here
+    assert report["config"]["sft_full_finetune_resolved"] is True  # unset, resolved for a tiny model built here
     assert report["config"]["rl_full_finetune_resolved"] is True
     built = json.loads((Path(warm_model) / METADATA_FILE).read_text())["num_parameters"]
     assert report["config"]["model"]["num_parameters"] == built > 0  # the size of the model trained
@@ -322,24 +325,23 @@ def test_warm_start_with_a_lora_adapter_continues_that_adapter(warm_model, tmp_p
     assert stats["train_rows"] == stats["train_rows_raw"] > 0  # --sft_max_type_fraction 1.0: nothing capped
     assert json.loads((tmp_path / "adapter_config.json").read_text())["base_model_name_or_path"] == warm_model
     assert [n for n, _ in trainer.model.named_parameters() if "lora_B" in n]
-    with pytest.raises(ValueError, match="sft_full_finetune"):
-        recipe.main(*recipe.parse_args([*flags, "--sft_full_finetune", "maybe"]))
 
 
-@pytest.mark.parametrize("choice", ["auto", "false"])
+@pytest.mark.parametrize("choice", [None, "false"])
 def test_rl_on_a_fully_fine_tuned_start_trains_every_weight_or_a_fresh_adapter(warm_model, tmp_path, choice):
     recipe = load_recipe("grpo_clinical")
     # A fully fine-tuned warm start, with its own tokenizer.
     sft, out = shutil.copytree(warm_model, tmp_path / "sft"), tmp_path / "rl"
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(out), "--max_steps", "1", *SMALL,
-        "--tasks", "hard_bench_stage_30", "--sft_adapter", str(sft), "--rl_full_finetune", choice,
+        "--tasks", "hard_bench_stage_30", "--sft_adapter", str(sft),
+        *(["--rl_full_finetune", choice] if choice else []),
     ]  # fmt: skip
     before = {n: p.detach().clone() for n, p in AutoModelForCausalLM.from_pretrained(warm_model).named_parameters()}
     trainer = recipe.main(*recipe.parse_args(flags))
     # RL reads text with the warm start's tokenizer (the base may be another tiny build, with another vocabulary).
     assert trainer.processing_class.name_or_path == str(sft)
-    if choice == "auto":  # the tiny model built here: every weight trains, and the saved model is a whole one
+    if choice is None:  # unset, for the tiny model built here: every weight trains, and the saved model is a whole one
         assert (out / "model.safetensors").is_file() and not (out / "adapter_config.json").exists()
         after = dict(trainer.model.named_parameters())
         assert sum(not torch.equal(before[n], after[n].detach().cpu()) for n in before) > len(before) // 2
@@ -348,8 +350,6 @@ def test_rl_on_a_fully_fine_tuned_start_trains_every_weight_or_a_fresh_adapter(w
         assert adapter["base_model_name_or_path"] == str(sft)
         trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
         assert trainable and all("lora_" in n for n in trainable)
-    with pytest.raises(ValueError, match="rl_full_finetune"):
-        recipe.main(*recipe.parse_args([*flags, "--rl_full_finetune", "maybe"]))
 
 
 def test_grpo_recipe_with_on_policy_anchors_records_them_once(warm_model, tmp_path):
@@ -385,6 +385,23 @@ def test_a_model_preset_applies_the_same_from_a_yaml_as_from_the_command_line(tm
     assert recipe.parse_args(["--config", str(config), "--max_steps", "3"])[1].max_steps == 3
 
 
+def test_the_environment_is_chosen_the_same_from_a_yaml_as_from_the_command_line(tmp_path):
+    """``env_name: conquest`` in a ``--config`` YAML (TrlParser keeps a YAML's ``env:`` for environment variables)
+    brings the game's defaults, as ``--env conquest`` and ``--env_name conquest`` do; the YAML's ``env:`` still sets
+    environment variables."""
+    recipe = load_recipe("grpo_clinical")
+    config = tmp_path / "conquest.yaml"
+    config.write_text("env_name: conquest\nenv: {RECRUIT_TRL_TEST_VARIABLE: set}\n")
+    parsed = [recipe.parse_args(argv) for argv in (["--env", "conquest"], ["--env_name", "conquest"])]
+    parsed.append(recipe.parse_args(["--config", str(config)]))
+    for script_args, training_args, _ in parsed:
+        assert (script_args.env_name, script_args.teacher, script_args.continuation_policy) == (
+            "conquest", "teacher", "teacher"
+        )  # fmt: skip
+        assert vars(script_args) == vars(parsed[0][0]) and training_args.to_dict() == parsed[0][1].to_dict()
+    assert os.environ.pop("RECRUIT_TRL_TEST_VARIABLE") == "set"
+
+
 def test_yaml_config_is_read_and_flags_override_it():
     recipe = load_recipe("grpo_clinical")
     script_args, training_args, model_args = recipe.parse_args(
@@ -412,7 +429,7 @@ def test_a_pretrained_model_trains_lora_adapters_in_the_warm_start_and_in_rl(war
         "--sft_train_seeds", "300", "--sft_epochs", "0.2", "--dagger_rounds", "0", "--lora_r", "4",
     ]  # fmt: skip
     trainer = recipe.main(*recipe.parse_args(flags))
-    for folder in (out / "sft", out):  # --sft_full_finetune auto and --rl_full_finetune auto: LoRA for every stage
+    for folder in (out / "sft", out):  # --sft_full_finetune and --rl_full_finetune unset: LoRA for every stage
         assert (folder / "adapter_model.safetensors").is_file() and not (folder / "model.safetensors").exists()
         assert json.loads((folder / "adapter_config.json").read_text())["r"] == 4  # ModelConfig reaches both stages
     info = json.loads((out / "run_info.json").read_text())
@@ -504,7 +521,7 @@ def test_decision_report_is_cached_for_the_weights_and_environment_it_measured(t
     (out / "eval" / "decisions.json").write_text('{"key": ')  # torn by a kill: measured again, with a warning
     with pytest.warns(UserWarning, match="decisions.json"):
         assert decision_report(script_args, model_args, trainer, str(base)) == {"measured": 3}
-    script_args.env = "tests.toy_env:TOY"  # hypothetical other environment under the same flags
+    script_args.env_name = "tests.toy_env:TOY"  # hypothetical other environment under the same flags
     assert decision_report(script_args, model_args, trainer, str(base)) == {"measured": 4}
 
 

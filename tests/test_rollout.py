@@ -10,6 +10,7 @@ import random
 from dataclasses import replace
 
 import pytest
+from trl import TrlParser
 
 import recruit_trl.rollout.rollout_funcs as rollout_mod
 from env.clinical import ACTION_TYPES
@@ -58,7 +59,7 @@ def run(rollout, tokenizer, monkeypatch, texts, group=4, step=0):
 def test_branch_output_contract(tokenizer, monkeypatch):
     texts = ['{"action_index": 0}', '{"action_index": 0}', '{"action_index": 1}', "no idea"]
     out, _ = run(
-        BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=5)),
+        BranchRollout(RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", horizon=5)),
         tokenizer,
         monkeypatch,
         texts,
@@ -83,14 +84,14 @@ def test_branch_output_contract(tokenizer, monkeypatch):
 def test_branch_is_deterministic_per_step_and_reseeds_across_steps(tokenizer, monkeypatch):
     texts = ['{"action_index": 0}', '{"action_index": 2}']
     a, _ = run(
-        BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=20)),
+        BranchRollout(RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", horizon=20)),
         tokenizer,
         monkeypatch,
         texts,
         step=3,
     )
     b, _ = run(
-        BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=20)),
+        BranchRollout(RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", horizon=20)),
         tokenizer,
         monkeypatch,
         texts,
@@ -99,7 +100,7 @@ def test_branch_is_deterministic_per_step_and_reseeds_across_steps(tokenizer, mo
     assert a == b
     many = [
         run(
-            BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=20)),
+            BranchRollout(RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", horizon=20)),
             tokenizer,
             monkeypatch,
             texts,
@@ -112,7 +113,7 @@ def test_branch_is_deterministic_per_step_and_reseeds_across_steps(tokenizer, mo
 
 def test_invalid_output_plays_the_fallback(tokenizer, monkeypatch):
     out, _ = run(
-        BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=0)),
+        BranchRollout(RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", horizon=0)),
         tokenizer,
         monkeypatch,
         ['{"action_index": 99}'],
@@ -126,7 +127,7 @@ def test_invalid_output_plays_the_fallback(tokenizer, monkeypatch):
 @pytest.mark.parametrize("mode", ["branch", "window"])
 def test_constrained_decoding_offers_every_listed_answer_and_nothing_else(tokenizer, monkeypatch, mode):
     config = RolloutConfig(
-        env="clinical", mode=mode, horizon=2, self_horizon=2 if mode == "branch" else 0, window_turns=2
+        env_name="clinical", mode=mode, horizon=2, self_horizon=2 if mode == "branch" else 0, window_turns=2
     )
     _, sampler = run(make_rollout(config, INTERFACE), tokenizer, monkeypatch, ['{"action_index": 0}'], group=2)
     assert sampler.allowed and all(a is None for a in sampler.allowed)  # off by default: free generation
@@ -149,11 +150,13 @@ def _state(anchor):
 def test_window_mode_masks_environment_text(tokenizer, monkeypatch):
     texts = ['{"action_index": 0}', '{"action_index": 1}', "???"]
     rollout = WindowRollout(
-        RolloutConfig(env="clinical", continuation_policy="grader_heuristic", mode="window", window_turns=3, horizon=2)
+        RolloutConfig(
+            env_name="clinical", continuation_policy="grader_heuristic", mode="window", window_turns=3, horizon=2
+        )
     )
     out, sampler = run(rollout, tokenizer, monkeypatch, texts, group=3)
     assert len(sampler.calls) == 3  # one batched generate per turn
-    before, after = env_turn_template(tokenizer, {})
+    before, after = env_turn_template(tokenizer)
     assert (before, after) == ("\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
     for row, (ids, mask, lps) in enumerate(zip(out["completion_ids"], out["env_mask"], out["logprobs"], strict=True)):
         assert len(ids) == len(mask) == len(lps)
@@ -170,18 +173,20 @@ def test_window_mode_masks_environment_text(tokenizer, monkeypatch):
 
 def test_make_rollout_and_config_validation():
     assert isinstance(
-        make_rollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", mode="window")),
+        make_rollout(RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", mode="window")),
         WindowRollout,
     )
     with pytest.raises(ValueError, match="mode"):
-        RolloutConfig(env="clinical", continuation_policy="grader_heuristic", mode="episode-at-once")
+        RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", mode="episode-at-once")
     with pytest.raises(ValueError, match="contract"):
-        RolloutConfig(env="clinical", continuation_policy="grader_heuristic", contract="yaml")
+        RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", contract="yaml")
 
 
 @pytest.mark.parametrize("mode", ["branch", "window"])
 def test_an_anchor_after_the_end_of_its_episode_is_a_clear_error(tokenizer, mode):
-    rollout = make_rollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", mode=mode, horizon=2))
+    rollout = make_rollout(
+        RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", mode=mode, horizon=2)
+    )
     ended = Anchor("easy_bench", 101, 400)  # episodes last 180 days
     with pytest.raises(ValueError, match="after the end of their episode"):
         rollout([ended.key()] * 2, None, model=object(), tokenizer=tokenizer, generation_config=None, step=0)
@@ -194,7 +199,7 @@ def test_metrics_are_logged_through_the_trainer(tokenizer):
         def _log_metric(self, name, value):
             logged[name] = value
 
-    rollout = BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic"))
+    rollout = BranchRollout(RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic"))
     rows = [
         {"valid": 1.0, "action_error": None, "action_type": "screen_patient"},
         {"valid": 0.0, "action_error": None, "action_type": "recontact"},
@@ -209,7 +214,7 @@ def test_metrics_are_logged_through_the_trainer(tokenizer):
 def test_branch_scores_each_distinct_action_once_over_several_continuations(tokenizer, monkeypatch):
     texts = ['{"action_index": 0}', '{"action_index": 0}', '{"action_index": 0}', '{"action_index": 1}']
     rollout = BranchRollout(
-        RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=5, continuation_seeds=3)
+        RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", horizon=5, continuation_seeds=3)
     )
     calls = []
     outcome = rollout.outcome
@@ -220,7 +225,7 @@ def test_branch_scores_each_distinct_action_once_over_several_continuations(toke
     assert out["env_return"][0] == out["env_return"][1] == out["env_return"][2]
     assert out["scored_steps"] == [6.0] * 8
     single = run(
-        BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=5)),
+        BranchRollout(RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", horizon=5)),
         tokenizer,
         monkeypatch,
         texts,
@@ -236,7 +241,7 @@ def test_continuations_reseed_the_environment_every_simulated_day(tokenizer, mon
     reseed = ClinicalRecruitmentEnv.reseed
     monkeypatch.setattr(ClinicalRecruitmentEnv, "reseed", lambda self, s: seeds.append(s) or reseed(self, s))
     out, _ = run(
-        BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=4)),
+        BranchRollout(RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", horizon=4)),
         tokenizer,
         monkeypatch,
         ['{"action_index": 0}'],
@@ -255,7 +260,7 @@ def test_self_horizon_lets_the_policy_play_its_own_days_before_the_continuation(
     horizon, own = 6, 3
     rollout = BranchRollout(
         RolloutConfig(
-            env="clinical",
+            env_name="clinical",
             continuation_policy="grader_heuristic",
             horizon=horizon,
             self_horizon=own,
@@ -289,7 +294,7 @@ def test_self_horizon_lets_the_policy_play_its_own_days_before_the_continuation(
     plain = run(
         BranchRollout(
             RolloutConfig(
-                env="clinical", continuation_policy="grader_heuristic", horizon=horizon, continuation_seeds=2
+                env_name="clinical", continuation_policy="grader_heuristic", horizon=horizon, continuation_seeds=2
             )
         ),
         tokenizer,
@@ -301,9 +306,9 @@ def test_self_horizon_lets_the_policy_play_its_own_days_before_the_continuation(
 
 def test_self_horizon_is_checked():
     with pytest.raises(ValueError, match="self_horizon"):
-        RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=5, self_horizon=6)
+        RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", horizon=5, self_horizon=6)
     with pytest.raises(ValueError, match="self_horizon"):
-        RolloutConfig(env="clinical", continuation_policy="grader_heuristic", mode="window", self_horizon=2)
+        RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", mode="window", self_horizon=2)
 
 
 def _heuristic_indices() -> list[int]:
@@ -326,12 +331,12 @@ def test_teacher_match_compares_each_row_with_the_teacher_in_the_same_state(toke
     for k in taught:
         texts += [f'{{"action_index": {k}}}'] * 2 + [f'{{"action_index": {1 if k == 0 else 0}}}', "no idea"]
     config = RolloutConfig(
-        env="clinical", continuation_policy="grader_heuristic", horizon=2, reward_teacher="grader_heuristic"
+        env_name="clinical", continuation_policy="grader_heuristic", horizon=2, reward_teacher="grader_heuristic"
     )
     out, _ = run(BranchRollout(config), tokenizer, monkeypatch, texts)
     assert out["teacher_match"] == [1.0, 1.0, 0.0, 0.0] * 2
     plain, _ = run(
-        BranchRollout(RolloutConfig(env="clinical", continuation_policy="grader_heuristic", horizon=2)),
+        BranchRollout(RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", horizon=2)),
         tokenizer,
         monkeypatch,
         texts,
@@ -341,7 +346,7 @@ def test_teacher_match_compares_each_row_with_the_teacher_in_the_same_state(toke
 
     window = WindowRollout(
         RolloutConfig(
-            env="clinical",
+            env_name="clinical",
             continuation_policy="grader_heuristic",
             mode="window",
             window_turns=2,
@@ -359,19 +364,25 @@ def test_teacher_match_reward_needs_a_teacher():
     from recruit_trl.training.arguments import ScriptArguments
 
     with pytest.raises(ValueError, match="--reward_teacher"):
-        ScriptArguments(env="clinical", reward_funcs=["final_score_reward", "teacher_match_reward"])
+        ScriptArguments(env_name="clinical", reward_funcs=["final_score_reward", "teacher_match_reward"])
     assert (
-        ScriptArguments(env="clinical", reward_funcs=["teacher_match_reward"], reward_teacher="expert").reward_teacher
+        ScriptArguments(
+            env_name="clinical", reward_funcs=["teacher_match_reward"], reward_teacher="expert"
+        ).reward_teacher
         == "expert"
     )
 
 
-@pytest.mark.parametrize("flag", ["sft_full_finetune", "rl_full_finetune"])
-def test_full_finetune_choices_are_checked_at_start_up(flag):
+@pytest.mark.parametrize("flag", ["sft_full_finetune", "rl_full_finetune", "eval_episodes"])
+def test_three_way_choices_are_booleans_or_unset(flag, capsys):
+    """``--sft_full_finetune`` and the like: unset (decided by the model), true or false; anything else stops the
+    parser with a message naming the flag."""
     from recruit_trl.training.arguments import ScriptArguments
 
-    with pytest.raises(ValueError, match=f"--{flag} must be auto, true or false"):
-        ScriptArguments(env="clinical", **{flag: "maybe"})
-    assert (
-        getattr(ScriptArguments(env="clinical", **{flag: "False"}), flag) == "False"
-    )  # case-insensitive, as resolved later
+    parse = TrlParser((ScriptArguments,)).parse_args_and_config
+    assert getattr(parse(["--env", "clinical"])[0], flag) is None
+    assert getattr(parse(["--env", "clinical", f"--{flag}", "False"])[0], flag) is False
+    assert getattr(parse(["--env", "clinical", f"--{flag}", "true"])[0], flag) is True
+    with pytest.raises(SystemExit):
+        parse(["--env", "clinical", f"--{flag}", "maybe"])
+    assert f"--{flag}" in capsys.readouterr().err

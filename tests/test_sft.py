@@ -9,7 +9,7 @@ import pytest
 
 import env.clinical.agent  # noqa: F401
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.training.sft_data import SFTArguments, balance_action_types, best_round, build_sft_datasets
+from recruit_trl.training.sft_data import balance_action_types, best_round, build_sft_datasets
 
 INTERFACE = get_env_interface("clinical")
 
@@ -109,32 +109,39 @@ def test_heldout_report_breaks_the_teacher_match_down_by_task_and_action_type(wa
     assert matched == pytest.approx(report["teacher_match"] * report["rows"], abs=1e-2)
 
 
-def test_the_warm_start_settings_are_declared_once_for_both_recipes():
-    """The GRPO recipe's --sft_* flags are SFTArguments' fields (renamed, same help and defaults)."""
+def test_the_warm_start_takes_every_sft_setting_under_its_rl_name_with_the_same_default():
+    """The RL recipes' warm start settings (``--sft_*``, ``--teacher``, ``--dagger_*``) are the SFT recipe's, one for
+    one: same type and default, so the warm start trains as ``recipes/sft_clinical.py`` would; they cannot drift
+    apart unnoticed."""
     from dataclasses import fields
+    from typing import get_type_hints
 
-    from recruit_trl.training.arguments import ScriptArguments, sft_arguments
-    from recruit_trl.training.defaults import rl_flag
-    from recruit_trl.training.warm_start import SFTScriptArguments
+    from recruit_trl.training.arguments import (
+        NOT_WARM_START,
+        ScriptArguments,
+        SFTScriptArguments,
+        rl_flag,
+        warm_start_arguments,
+    )
 
-    rl_fields = {f.name: f for f in fields(ScriptArguments)}
-    for f in fields(SFTArguments):
+    rl_fields, rl_types = {f.name: f for f in fields(ScriptArguments)}, get_type_hints(ScriptArguments)
+    sft_types = get_type_hints(SFTScriptArguments)
+    for f in fields(SFTScriptArguments):
+        if f.name in NOT_WARM_START:
+            assert f.name not in rl_fields or f.name in {"env_name", "contract", "recent_k", "tasks"}
+            continue
         renamed = rl_fields[rl_flag(f.name)]
-        assert renamed.metadata["help"] == f.metadata["help"]
-        assert renamed.default == f.default
+        assert (renamed.default, rl_types[renamed.name]) == (f.default, sft_types[f.name]), f.name
     assert rl_flag("train_seeds") == "sft_train_seeds" and rl_flag("keep_best_round") == "sft_keep_best_round"
     assert rl_flag("teacher") == "teacher" and rl_flag("dagger_rounds") == "dagger_rounds"
-    args = ScriptArguments(env="clinical", sft_train_seeds="300-301", sft_token_metrics="false", dagger_rounds=2)
-    sft = sft_arguments(args)
-    assert (sft.train_seeds, sft.token_metrics, sft.dagger_rounds, sft.teacher) == ("300-301", "false", 2, "fallback")
-    with pytest.raises(ValueError, match="token_metrics"):  # checked at start-up, under either recipe
-        ScriptArguments(env="clinical", sft_token_metrics="maybe")
-    with pytest.raises(ValueError, match="token_metrics"):
-        SFTScriptArguments(env="clinical", token_metrics="maybe")
+    args = ScriptArguments(env_name="clinical", tasks=["easy_bench"], sft_train_seeds="300-301", dagger_rounds=2)
+    sft = warm_start_arguments(args)
+    assert (sft.env_name, sft.tasks, sft.train_seeds, sft.dagger_rounds, sft.teacher, sft.token_metrics) == (
+        "clinical", ["easy_bench"], "300-301", 2, "fallback", None
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="data must be one of"):  # checked at start-up, under either recipe
+        ScriptArguments(env_name="clinical", sft_data="rows")
+    with pytest.raises(ValueError, match="data must be one of"):
+        SFTScriptArguments(env_name="clinical", data="rows")
     with pytest.raises(ValueError, match="contract"):
-        SFTScriptArguments(env="clinical", contract="yaml")
-    # The SFT recipe's own arguments: the environment, the tasks and SFTArguments, each declared once.
-    assert {f.name for f in fields(SFTScriptArguments)} == {
-        "env", "contract", "recent_k", "tasks", "tiny_corpus_seeds", "tiny_build_steps",
-        *(f.name for f in fields(SFTArguments)),
-    }  # fmt: skip
+        SFTScriptArguments(env_name="clinical", contract="yaml")

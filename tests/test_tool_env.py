@@ -229,7 +229,7 @@ def test_the_one_tool_dialect_renders_the_rollouts_prompts_and_parses_the_contra
     messages += [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "name": "act",
                                                                                "content": reply}]  # fmt: skip
     text = tokenizer.apply_chat_template(messages, tools=[env.act], add_generation_prompt=True, tokenize=False)
-    before_turn, after_turn = env_turn_template(tokenizer, {})
+    before_turn, after_turn = env_turn_template(tokenizer)
     head = tokenizer.decode(rollout_prompt) + '{"action_index": 3}<|im_end|>'
     assert text == head + before_turn + reply + after_turn  # window mode's multi-turn text
 
@@ -265,7 +265,7 @@ def test_recipe_defaults_and_yaml():
 
     recipe = load_recipe("grpo_environment_factory")
     script_args, training_args, model_args = recipe.parse_args([])
-    assert (script_args.env, script_args.tasks, model_args.model_name_or_path) == ("conquest", ["duel"], "tiny")
+    assert (script_args.env_name, script_args.tasks, model_args.model_name_or_path) == ("conquest", ["duel"], "tiny")
     assert training_args.max_steps == 4 and model_args.use_peft and training_args.max_tool_calling_iterations == 8
     assert training_args.generation_kwargs == {"max_new_tokens": 12}
     path = ROOT / "recipes" / "grpo_environment_factory.yaml"

@@ -13,7 +13,7 @@ import pytest
 
 import recruit_trl.rollout.rollout_funcs as rollout_mod
 from recruit_trl.evaluation.evaluate import EvalConfig, evaluate
-from recruit_trl.evaluation.report import format_table, summary, write_report
+from recruit_trl.evaluation.report import format_results, summary, write_report
 from recruit_trl.models.tokenizer import build_tokenizer
 from recruit_trl.protocol import EnvInterface, get_env_interface
 from recruit_trl.rollout.anchors import Anchor
@@ -66,7 +66,7 @@ def test_evaluator_report_and_summary(toy, tmp_path):
     assert report["config"]["tasks"] == ["near", "far"]  # the interface's tasks() by default
     greedy = report["results"][0]
     assert greedy["teacher_match"] == 1.0 and greedy["action_types"]["stop"] > 0
-    assert "budget" not in format_table(report["results"])
+    assert "budget" not in format_results(report["results"])
     paths = write_report(tmp_path, report, toy)
     assert set(paths) == {"final_scores", "report"}  # no curve metrics, no grade parts: no other plots
     text = summary(report, toy)
@@ -104,7 +104,7 @@ def test_rollouts_play_the_toy_environment(toy, monkeypatch, mode):
     rows = collect_traces(toy, list(toy.tasks()), [0], teacher="greedy")
     tokenizer = build_tokenizer([m["content"] for r in rows for m in r["messages"]] + [r["completion"] for r in rows])
     monkeypatch.setattr(rollout_mod, "sample", ScriptedSampler(tokenizer, '{"action_index": 1}'))  # "right"
-    config = RolloutConfig(env=ENV, mode=mode, horizon=3, window_turns=2, continuation_policy="greedy")
+    config = RolloutConfig(env_name=ENV, mode=mode, horizon=3, window_turns=2, continuation_policy="greedy")
     rollout = make_rollout(config, toy)
     prompts = [Anchor(task, 1, 2, policy="random").key() for task in ("near", "far") for _ in range(2)]
     out = rollout(prompts, None, model=object(), tokenizer=tokenizer, generation_config=None, step=0)
@@ -117,7 +117,7 @@ def test_a_planner_that_reads_the_live_environment_continues_branches(toy, monke
     rows = collect_traces(toy, list(toy.tasks()), [0], teacher="greedy")
     tokenizer = build_tokenizer([m["content"] for r in rows for m in r["messages"]] + [r["completion"] for r in rows])
     monkeypatch.setattr(rollout_mod, "sample", ScriptedSampler(tokenizer, '{"action_index": 1}'))
-    config = RolloutConfig(env=ENV, mode="branch", horizon=12, continuation_policy="planner")
+    config = RolloutConfig(env_name=ENV, mode="branch", horizon=12, continuation_policy="planner")
     rollout = make_rollout(config, toy)
     prompts = [Anchor("far", 1, 2, policy="random").key()]
     out = rollout(prompts, None, model=object(), tokenizer=tokenizer, generation_config=None, step=0)

@@ -19,7 +19,7 @@ from recruit_trl.rollout.config import RolloutConfig
 from recruit_trl.rollout.rollout_funcs import EpisodeRollout
 
 model, tokenizer = load_for_inference(sys.argv[1], {})
-rollout = EpisodeRollout(RolloutConfig(env="conquest", mode="episode", continuation_policy="teacher"))
+rollout = EpisodeRollout(RolloutConfig(env_name="conquest", mode="episode", continuation_policy="teacher"))
 sampling = GenerationConfig(do_sample=True, temperature=0.5, top_p=1.0)
 for seeds in ([10, 11], [12, 13], [14, 15]):
     episodes = rollout.play(None, model, tokenizer, sampling, [Anchor("duel", s, 0, "teacher") for s in seeds], 8, 0)

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipes"))
 import sft_clinical  # noqa: E402
 
 from recruit_trl.decisions.decision_set import decision_set, sample_decisions
-from recruit_trl.decisions.report import evaluate_decisions, format_table
+from recruit_trl.decisions.report import evaluate_decisions, format_decision_report
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
 
@@ -54,7 +54,7 @@ states = decision_set(
 states = sample_decisions(interface, states, 100)
 t1 = time.perf_counter()
 result = evaluate_decisions(interface, {label: f"model:{out}", "safe": "safe"}, states, reference="safe")
-print(format_table(result))
+print(format_decision_report(result))
 print(
     json.dumps(
         {

