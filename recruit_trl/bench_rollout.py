@@ -24,6 +24,12 @@ import time
 from dataclasses import dataclass, field
 
 from recruit_trl.files import write_json_atomic
+from recruit_trl.models.loading import keep_4bit_layers_trainable
+from recruit_trl.protocol import get_env_interface
+from recruit_trl.training.anchor_data import make_anchor_dataset
+from recruit_trl.training.arguments import ScriptArguments, with_env_tasks
+from recruit_trl.training.defaults import recipe_defaults
+from recruit_trl.training.model_setup import model_init_kwargs, resolve_model_for
 
 FIGURES = {
     "seconds_per_step": "step_time",
@@ -65,9 +71,6 @@ def parse_args(argv: list[str] | None = None):
     """
     from trl import GRPOConfig, ModelConfig, TrlParser
 
-    from recruit_trl.training.arguments import ScriptArguments
-    from recruit_trl.training.defaults import recipe_defaults
-
     parser = TrlParser((BenchArguments, ScriptArguments, GRPOConfig, ModelConfig))
     defaults = recipe_defaults("rl", "bench_rollout", "clinical", sys.argv[1:] if argv is None else argv)
     parser.set_defaults(**{**defaults, "warm_start": "none", "report": False})
@@ -88,13 +91,8 @@ def train(script_args, training_args, model_args):
     from transformers import AutoTokenizer
     from trl import GRPOTrainer, get_peft_config
 
-    from recruit_trl.models.loading import keep_4bit_layers_trainable
-    from recruit_trl.protocol import get_env_interface
     from recruit_trl.rollout.rollout_funcs import make_rollout
-    from recruit_trl.training.anchor_data import make_anchor_dataset
-    from recruit_trl.training.arguments import with_env_tasks
     from recruit_trl.training.episode_trainer import episode_trainer
-    from recruit_trl.training.model_setup import model_init_kwargs, resolve_model_for
     from rewards import get_reward_funcs
 
     if not torch.cuda.is_available():  # as the recipe: the CPU cores shared by the training processes

@@ -18,6 +18,11 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from recruit_trl import __version__
+from recruit_trl.evaluation.evaluate import EvalConfig, evaluate
+from recruit_trl.evaluation.report import format_results, plot_results
+from recruit_trl.files import write_json_atomic
+from recruit_trl.protocol import get_env_interface
+from recruit_trl.ranges import parse_int_ranges
 
 # --------------------------------------------------------------------------------------------------
 # version
@@ -69,8 +74,6 @@ def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Col
 
 def cmd_tasks(args: argparse.Namespace) -> int:
     """Print the interface's task rows (``describe_tasks``): numbers right-aligned with thousands separators."""
-    from recruit_trl.protocol import get_env_interface
-
     described = get_env_interface(args.env).describe_tasks(args.all)
     headers = list(dict.fromkeys(key for row in described for key in row))
 
@@ -122,11 +125,6 @@ def _add_eval(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from recruit_trl.evaluation.evaluate import EvalConfig, evaluate
-    from recruit_trl.evaluation.report import format_results, plot_results
-    from recruit_trl.files import write_json_atomic
-    from recruit_trl.protocol import get_env_interface
-    from recruit_trl.ranges import parse_int_ranges
 
     config = EvalConfig(
         env=args.env,
@@ -204,9 +202,6 @@ def _add_benchmark(subparsers: argparse._SubParsersAction) -> None:
 def cmd_benchmark(args: argparse.Namespace) -> int:
     from recruit_trl.decisions.benchmark import format_result, run_benchmark
     from recruit_trl.decisions.teacher_sets import SetConfig
-    from recruit_trl.files import write_json_atomic
-    from recruit_trl.protocol import get_env_interface
-    from recruit_trl.ranges import parse_int_ranges
 
     config = SetConfig(
         env=args.env,

@@ -21,15 +21,16 @@ def load_recipe(name: str) -> ModuleType:
 
 
 def resolutions(monkeypatch) -> list[str]:
-    """The names of the models resolved from now on: every ``recruit_trl.models.loading.resolve_model`` call (the
-    tiny model's fingerprint plays an episode per task each time)."""
-    import recruit_trl.models.loading as loading
+    """The names of the models resolved from now on: every ``resolve_model`` call of
+    ``recruit_trl.training.model_setup``, through which every recipe resolves its model (the tiny model's
+    fingerprint plays an episode per task each time)."""
+    import recruit_trl.training.model_setup as model_setup
 
-    resolved, resolve = [], loading.resolve_model
+    resolved, resolve = [], model_setup.resolve_model
 
     def counted(name, *args, **kwargs):
         resolved.append(name)
         return resolve(name, *args, **kwargs)
 
-    monkeypatch.setattr(loading, "resolve_model", counted)
+    monkeypatch.setattr(model_setup, "resolve_model", counted)
     return resolved

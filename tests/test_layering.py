@@ -232,3 +232,65 @@ def test_every_script_imports_names_that_exist():
                 if not hasattr(module, alias.name) and importlib.util.find_spec(f"{node.module}.{alias.name}") is None:
                     missing.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.module} has no {alias.name}")
     assert not missing, "\n".join(missing)
+
+
+# Libraries whose import takes seconds: a recruit_trl module defers them to the function that needs them, so that
+# `recruit-trl --help`, the argument classes and the environments' agents load in a fraction of a second.
+HEAVY_LIBRARIES = {"torch", "transformers", "trl", "peft", "datasets", "accelerate", "bitsandbytes", "matplotlib"}
+
+
+def module_level_imports(path: Path) -> set[str]:
+    """The modules a file imports when it is imported: statements at module level, inside ``if`` / ``try`` blocks
+    too, except ``if TYPE_CHECKING:``, never inside a function or class."""
+    found: set[str] = set()
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+                found.add(node.module)
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+                walk(node.body)
+                walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                walk(node.body)
+
+    walk(ast.parse(path.read_text()).body)
+    return found
+
+
+def test_a_function_local_import_defers_a_heavy_library():
+    """A recruit_trl module imports another at module level unless that one loads torch and the like (then the import
+    waits for the function that needs it, in a module that itself loads none of them): a local import never hides an
+    import circle (test_recruit_trl_has_no_import_circle counts them too) nor sits there for no reason."""
+    modules = {}
+    for path in sources("recruit_trl"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    direct = {name: module_level_imports(path) for name, path in modules.items()}
+    heavy: dict[str, bool] = {}
+
+    def is_heavy(name: str, seen: frozenset[str] = frozenset()) -> bool:
+        if name not in heavy:
+            imported = direct[name]
+            own = {m for m in imported if m in modules and m != name and m not in seen and m != "recruit_trl"}
+            heavy[name] = bool({m.split(".")[0] for m in imported} & HEAVY_LIBRARIES) or any(
+                is_heavy(m, seen | {name}) for m in own
+            )
+        return heavy[name]
+
+    needless = []
+    for name, path in modules.items():
+        if name == "recruit_trl":  # the package root: its public API is imported lazily by name
+            continue
+        tree = ast.parse(path.read_text())
+        functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+        for function in functions:
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "") in modules:
+                    if is_heavy(name) or not is_heavy(node.module):
+                        needless.append(f"{path.relative_to(ROOT)}:{node.lineno}: from {node.module} import ...")
+    assert heavy, "the walk saw no module"
+    assert not needless, "function-local imports to move to the top of their module:\n" + "\n".join(needless)

@@ -12,6 +12,8 @@ from typing import Any
 
 from recruit_trl.contracts import MAX_NEW_TOKENS, answer_texts, completion_text, parse_action
 from recruit_trl.decisions.decision_set import Decision
+from recruit_trl.models.generation import answer_token_ids, encode_prompt, sample
+from recruit_trl.models.loading import load_for_inference
 from recruit_trl.protocol import Action, EnvInterface
 from recruit_trl.traces import match_candidate
 
@@ -41,8 +43,6 @@ def greedy_answers(
     """
     from tqdm.auto import tqdm
     from transformers import GenerationConfig
-
-    from recruit_trl.models.generation import answer_token_ids, encode_prompt, sample
 
     greedy = GenerationConfig(do_sample=False, temperature=None, top_p=None, top_k=None)
     ids = [encode_prompt(tokenizer, messages, enable_thinking=False) for messages in prompts]
@@ -81,8 +81,6 @@ def model_answers(
         progress: show a progress bar over the batches.
     """
     if isinstance(model_or_path, str):
-        from recruit_trl.models.loading import load_for_inference
-
         model, tokenizer = load_for_inference(model_or_path)
     elif tokenizer is None:
         raise ValueError("model_answers needs the tokenizer of a loaded model")

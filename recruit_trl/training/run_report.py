@@ -12,12 +12,14 @@ from typing import Any
 
 from recruit_trl.evaluation.cache import cached_evaluation, evaluate_cached, evaluate_cached_runs
 from recruit_trl.evaluation.evaluate import EvalConfig
+from recruit_trl.evaluation.report import paired_differences, summary, training_curves, write_report
 from recruit_trl.files import read_json, write_json_atomic
 from recruit_trl.models.build_cache import METADATA_FILE
 from recruit_trl.models.loading import is_adapter, loading_config, model_fingerprint, model_kind, model_summary
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.training.arguments import warm_start_arguments
+from recruit_trl.versions import versions
 
 # Written last by a finished RL stage: the settings it trained with, read back from the trainer, and the model summary.
 RL_FINISHED = "run_info.json"
@@ -119,8 +121,6 @@ def report_run(
         started: ``time.perf_counter()`` at the start of the run.
         background: what :func:`start_baseline_evals` returned: its results are waited for and read from the cache.
     """
-    from recruit_trl.evaluation.report import paired_differences, summary, training_curves, write_report
-
     out = Path(training_args.output_dir)
     t0 = time.perf_counter()
     if background is not None:
@@ -276,8 +276,6 @@ def built_num_parameters(model_path: str) -> int | None:
 
 def evaluate_versions() -> dict:
     """Library versions, as the evaluation records them."""
-    from recruit_trl.versions import versions
-
     return versions()
 
 

@@ -21,7 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from recruit_trl.contracts import parse_index, parse_json_object
+from recruit_trl.contracts import MAX_NEW_TOKENS, parse_index, parse_json_object
+from recruit_trl.evaluation.evaluate import EvalConfig, Evaluator
+from recruit_trl.evaluation.metrics import aggregate
 from recruit_trl.protocol import EnvInterface
 from recruit_trl.traces import TraceStats, collect_traces
 
@@ -194,9 +196,6 @@ def dagger_rows(
         ``(rows, results)``: trace rows (as :func:`recruit_trl.traces.collect_traces` makes them) and the
         evaluation rows of the student's episodes (final scores, teacher match, action types).
     """
-    from recruit_trl.evaluation.evaluate import EvalConfig, Evaluator
-    from recruit_trl.evaluation.metrics import aggregate
-
     config = EvalConfig(
         env=env or interface.name, tasks=tuple(tasks), seeds=tuple(seeds), contract=contract, recent_k=recent_k,
         teacher=teacher, model_loading=dict(model_loading or {}),
@@ -244,7 +243,6 @@ def heldout_report(
     """
     from transformers import GenerationConfig
 
-    from recruit_trl.contracts import MAX_NEW_TOKENS
     from recruit_trl.models.generation import encode_prompt, sample
 
     prompts = [encode_prompt(tokenizer, row["prompt"]) for row in dataset]

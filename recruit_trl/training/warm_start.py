@@ -39,9 +39,18 @@ import torch
 from transformers import AutoTokenizer, Trainer
 from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
 
+from recruit_trl.decisions.benchmark import format_result, run_benchmark
+from recruit_trl.decisions.teacher_sets import SetConfig
 from recruit_trl.files import read_json, write_json_atomic
 from recruit_trl.models.batching import length_bucketed_batches
-from recruit_trl.models.loading import is_trained, load_trainable, loading_config, model_summary, used_settings
+from recruit_trl.models.loading import (
+    is_trained,
+    load_trainable,
+    loading_config,
+    model_fingerprint,
+    model_summary,
+    used_settings,
+)
 from recruit_trl.protocol import EnvInterface, get_env_interface
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.training.arguments import SFTScriptArguments, warm_start_arguments, with_env_tasks
@@ -183,9 +192,6 @@ def benchmark_sft(
     ``report`` and written to ``<output_dir>/benchmark.json`` (reused while the weights are the same). Returns
     ``report``.
     """
-    from recruit_trl.decisions.benchmark import format_result
-    from recruit_trl.models.loading import model_fingerprint
-
     if script_args.data != "teacher_sets":
         return report
     out = Path(training_args.output_dir)
@@ -221,8 +227,6 @@ def benchmark_sets(
     ``heldout`` teacher decision sets of ``config`` kept in ``data_dir/sets`` (``max_rows`` of each when set; free
     decoding, with ``constrained`` the constrained teacher match beside it; without ``base_heldout`` the ``base``
     label on the fixed set only, as the anchor's table): the SFT recipe's and the RL report's."""
-    from recruit_trl.decisions.benchmark import run_benchmark
-
     return run_benchmark(
         config, policies, ["fixed", "heldout"], Path(data_dir) / "sets", constrained=constrained, max_rows=max_rows,
         model_loading=model_loading, policy_sets=None if base_heldout else {"base": ["fixed"]},
@@ -254,8 +258,6 @@ def set_config(sft: SFTScriptArguments):
     """The :class:`recruit_trl.decisions.teacher_sets.SetConfig` of ``--data teacher_sets``: the environment, tasks,
     prompts, teacher and seeds of ``sft``, the benchmark's sizes (a 100-row fixed set, a 1,000-row held-out set) and
     ``max_type_fraction`` as the largest share of a stratum."""
-    from recruit_trl.decisions.teacher_sets import SetConfig
-
     return SetConfig(
         env=sft.env_name,
         tasks=tuple(sft.tasks),
