@@ -24,6 +24,8 @@ from recruit_trl.traces import collect_traces
 # Bump when the environment's prompt rendering changes: the cached tiny model was warmed on the old text. The cache
 # key also carries prompt_fingerprint(), which catches changes to the rendering or the candidate lists by itself.
 RENDER_VERSION = "render-6"
+# Safe-agent episodes per task in the tiny model's warm-up corpus (part of its cache key).
+TINY_CORPUS_EPISODES = 8
 
 
 def tiny_corpus_fn(interface: EnvInterface, tasks, episodes_per_task: int, contract: str, recent_k: int):
@@ -61,8 +63,6 @@ def resolve_policy_model(
     tasks: Sequence[str],
     contract: str = "index",
     recent_k: int = 2,
-    corpus_episodes: int = 8,
-    build_steps: int | None = None,
 ) -> str:
     """``tiny`` (built on first use from the interface's traces, then cached), ``smollm2``, or a local folder /
     hub id, as a local path."""
@@ -70,10 +70,9 @@ def resolve_policy_model(
         return resolve_model(name_or_path)
     return resolve_model(
         "tiny",
-        corpus_fn=tiny_corpus_fn(interface, tasks, corpus_episodes, contract, recent_k),
-        version_key=f"{RENDER_VERSION}-{interface.name}-{contract}-{recent_k}-{corpus_episodes}-{','.join(tasks)}-"
-        + prompt_fingerprint(interface, tasks, contract, recent_k),
-        **({"max_steps": build_steps} if build_steps else {}),
+        corpus_fn=tiny_corpus_fn(interface, tasks, TINY_CORPUS_EPISODES, contract, recent_k),
+        version_key=f"{RENDER_VERSION}-{interface.name}-{contract}-{recent_k}-{TINY_CORPUS_EPISODES}-"
+        f"{','.join(tasks)}-" + prompt_fingerprint(interface, tasks, contract, recent_k),
     )
 
 
