@@ -85,14 +85,14 @@ def parse_args(argv: list[str] | None = None):
 
 def train(script_args, training_args, model_args):
     """Build the GRPO trainer the recipe builds without a warm start (environment, model, anchors, rollouts,
-    rewards; episode mode: the rows' own advantages) and train it for ``training_args.max_steps`` steps; returns the
-    trainer."""
+    rewards; episode mode: the rows' own advantages; the control with ``--shuffle_advantages``) and train it for
+    ``training_args.max_steps`` steps; returns the trainer."""
     import torch
     from transformers import AutoTokenizer
     from trl import GRPOTrainer, get_peft_config
 
     from recruit_trl.rollout.rollout_funcs import make_rollout
-    from recruit_trl.training.episode_trainer import episode_trainer
+    from recruit_trl.training.control import rl_trainer_class
     from rewards import get_reward_funcs
 
     if not torch.cuda.is_available():  # as the recipe: the CPU cores shared by the training processes
@@ -101,14 +101,14 @@ def train(script_args, training_args, model_args):
     with_env_tasks(script_args, interface)
     model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
-    rollout = make_rollout(script_args, interface)
+    rollout = make_rollout(script_args, interface, seed=training_args.seed)
     episode = script_args.mode == "episode"  # as the pipeline: the rows' own advantages, a generation batch of rows
     dataset = make_anchor_dataset(
         script_args, interface, rollout.cache, student=model_path,
         temperature=training_args.temperature, top_p=training_args.top_p,
         min_rows=training_args.generation_batch_size // training_args.num_generations if episode else 0,
     )  # fmt: skip
-    trainer = (episode_trainer(GRPOTrainer) if episode else GRPOTrainer)(
+    trainer = rl_trainer_class(GRPOTrainer, script_args.mode, script_args.shuffle_advantages)(
         model=model_path,
         reward_funcs=get_reward_funcs(script_args.reward_funcs),
         args=training_args,

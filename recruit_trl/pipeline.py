@@ -29,7 +29,7 @@ from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.rollout_funcs import make_rollout
 from recruit_trl.training.anchor_data import make_anchor_dataset
 from recruit_trl.training.arguments import ScriptArguments, with_env_tasks
-from recruit_trl.training.episode_trainer import episode_trainer
+from recruit_trl.training.control import rl_trainer_class
 from recruit_trl.training.model_setup import last_checkpoint, model_init_kwargs, resolve_model_for, rl_start
 from recruit_trl.training.run_report import RL_FINISHED, report_run, sft_trained, start_baseline_evals
 from recruit_trl.training.warm_start import run_warm_start
@@ -82,7 +82,7 @@ def run_rl(
 
     # 4. Anchors (states the samples start from; on-policy ones are recorded by one process, read by the others),
     # rollouts, rewards and training.
-    rollout = make_rollout(script_args, interface)
+    rollout = make_rollout(script_args, interface, seed=training_args.seed)  # the run's seed reaches the dice
     with PartialState().main_process_first():
         dataset = make_anchor_dataset(
             script_args, interface, rollout.cache, student=script_args.sft_adapter or model_path,
@@ -93,8 +93,8 @@ def run_rl(
             min_rows=training_args.generation_batch_size // training_args.num_generations
             if script_args.mode == "episode" else 0,
         )  # fmt: skip
-    if script_args.mode == "episode":  # rows carry their own advantages (recruit_trl.rollout.advantages)
-        trainer_cls = episode_trainer(trainer_cls)
+    # Episode mode: rows carry their own advantages; --shuffle_advantages: the control (recruit_trl.training.control).
+    trainer_cls = rl_trainer_class(trainer_cls, script_args.mode, script_args.shuffle_advantages)
     trainer = trainer_cls(
         model=model,
         reward_funcs=get_reward_funcs(script_args.reward_funcs),

@@ -61,6 +61,16 @@ def test_step_advantages_compare_identical_states_across_episodes_by_hand():
     assert out[1][1] == pytest.approx(0.25 - mean) and out[2][1] == pytest.approx(1.0 - mean)
 
 
+def test_a_step_groups_baseline_is_the_other_episodes_visits_only():
+    # Episode 0 reaches "s" twice (returns 4 and 2), episode 1 once (1), episode 2 twice (0 and 3).
+    returns = [[4.0, 2.0], [1.0], [0.0, 3.0]]
+    keys = [["s", "s"], ["s"], ["s", "s"]]
+    out = step_advantages(returns, keys)
+    assert out[0] == [4.0 - (1.0 + 0.0 + 3.0) / 3, 2.0 - (1.0 + 0.0 + 3.0) / 3]  # never its own revisit
+    assert out[1] == [1.0 - (4.0 + 2.0 + 0.0 + 3.0) / 4]
+    assert out[2] == [0.0 - (4.0 + 2.0 + 1.0) / 3, 3.0 - (4.0 + 2.0 + 1.0) / 3]
+
+
 def test_decision_advantages_are_the_weighted_sum_by_hand():
     outcomes = [1.0, 0.0]
     rewards = [[0.1, 0.2], [0.0, -0.1, 0.3]]
@@ -70,9 +80,42 @@ def test_decision_advantages_are_the_weighted_sum_by_hand():
     mean = (0.1 + 0.2 + 0.0 - 0.1 + 0.3) / 5
     assert adv[0] == pytest.approx([2.0 + 0.5 * 0.1, 2.0 + 0.5 * (0.2 - mean)])
     assert adv[1] == pytest.approx([-2.0 + 0.5 * -0.1, -2.0 + 0.5 * (-0.1 - mean), -2.0 + 0.5 * (0.3 - mean)])
-    assert stats == {"zero_variance": 0.0, "matched_share": 2 / 5, "decisions": 5.0}
+    assert stats == pytest.approx(
+        {"zero_variance": 0.0, "matched_share": 2 / 5, "decisions": 5.0, "advantage_mean": sum(sum(adv, [])) / 5}
+    )
     only_episode, _ = decision_advantages(outcomes, rewards, keys, AdvantageWeights(episode=1.0, step=0.0))
     assert only_episode == [[1.0, 1.0], [-1.0, -1.0, -1.0]]
+
+
+def test_centring_subtracts_the_groups_own_mean_decision_advantage_by_hand():
+    outcomes, rewards, keys = [1.0, 0.0], [[0.0, 0.0, 0.0], [0.0]], [["a", "b", "c"], ["d"]]
+    weights = AdvantageWeights(episode=1.0, step=0.0, horizon=1)
+    plain, stats = decision_advantages(outcomes, rewards, keys, weights)
+    assert plain == [[1.0, 1.0, 1.0], [-1.0]] and stats["advantage_mean"] == 0.5  # the longer episode outweighs
+    centred, centred_stats = decision_advantages(outcomes, rewards, keys, weights, center=True)
+    assert centred == [[0.5, 0.5, 0.5], [-1.5]] and centred_stats["advantage_mean"] == 0.5
+
+
+def test_the_rollout_centres_each_group_on_its_own(tokenizer, monkeypatch):
+    """Two starts of a call, every decision returned: centred, each group's decisions sum to zero on their own."""
+    texts = ['{"action_index": 0}', '{"action_index": 1}', '{"action_index": 2}']
+    rollout, _, episodes, _ = play(tokenizer, monkeypatch, texts, episode_decisions=6, center_advantages=True)
+    decisions = sum(len(e["rows"]) for e in episodes)
+    anchors = [Anchor("duel", 5, 0, "teacher"), Anchor("duel", 6, 0, "teacher")]
+    first_prompts = {}
+    monkeypatch.setattr(rollout_mod, "sample", ScriptedSampler(tokenizer, texts))
+    out = rollout([anchors[0].key()] * 4 + [anchors[1].key()] * (decisions - 4), None, model=object(),
+                  tokenizer=tokenizer, step=0)  # fmt: skip
+    # The rows are every decision once (as many prompts as decisions), in another order; group by the episode
+    # rows they came from.
+    for g, group in enumerate((episodes[:4], episodes[4:])):
+        for e in group:
+            for row in e["rows"]:
+                first_prompts[tuple(row["prompt_ids"]), tuple(row["completion_ids"])] = g
+    totals = [0.0, 0.0]
+    for prompt, completion, advantage in zip(out["prompt_ids"], out["completion_ids"], out["advantage"], strict=True):
+        totals[first_prompts[tuple(prompt), tuple(completion)]] += advantage
+    assert totals == pytest.approx([0.0, 0.0], abs=1e-9)
 
 
 def test_conquest_offers_a_win_outcome_a_potential_and_state_keys():
@@ -166,23 +209,15 @@ def test_grpo_recipe_trains_on_its_own_episodes(warm_model, tmp_path):
     assert isinstance(trainer, EpisodeAdvantages) and trainer.state.global_step == 1
     (used, given) = seen[0]
     assert used == pytest.approx(given) and len(used) == 8
+    # What TRL logs of the advantages is the rows' own too, and the zero share counts rows without credit.
+    assert list(trainer._logs["advantages"]) == pytest.approx(given)
+    logged_zero = next(h["frac_reward_zero_std"] for h in trainer.state.log_history if "frac_reward_zero_std" in h)
+    assert logged_zero == pytest.approx(sum(1 for a in given if abs(a) < 1e-12) / len(given))
     logged = next(h for h in trainer.state.log_history if "episode/outcome" in h)
     for key in ("episode/final_score", "episode/decisions", "episode/zero_variance_groups", "rollout/fallback_rate"):
         assert key in logged, key
     assert logged["episode/decisions"] == 3.0
     assert json.loads((tmp_path / "run_info.json").read_text())["arguments"]["script"]["mode"] == "episode"
-
-
-def test_the_control_shuffles_the_advantages_among_the_rows(tokenizer, monkeypatch):
-    texts = ['{"action_index": 0}', '{"action_index": 1}', '{"action_index": 2}']
-    outs = []
-    for shuffle in (False, True):
-        rollout, prompts, _, _ = play(tokenizer, monkeypatch, texts, episode_decisions=6, shuffle_advantages=shuffle)
-        monkeypatch.setattr(rollout_mod, "sample", ScriptedSampler(tokenizer, texts))
-        outs.append(rollout(prompts, None, model=object(), tokenizer=tokenizer, step=0))
-    plain, control = outs
-    assert plain["prompt_ids"] == control["prompt_ids"] and plain["completion_ids"] == control["completion_ids"]
-    assert sorted(plain["advantage"]) == sorted(control["advantage"]) and plain["advantage"] != control["advantage"]
 
 
 def test_smollm2_with_lora_trains_one_episode_mode_step(tmp_path):

@@ -127,7 +127,7 @@ def test_invalid_output_plays_the_fallback(tokenizer, monkeypatch):
 @pytest.mark.parametrize("mode", ["branch", "window"])
 def test_constrained_decoding_offers_every_listed_answer_and_nothing_else(tokenizer, monkeypatch, mode):
     config = RolloutConfig(
-        env_name="clinical", mode=mode, horizon=2, self_horizon=2 if mode == "branch" else 0, window_turns=2
+        env_name="clinical", mode=mode, horizon=2, **({"self_horizon": 2} if mode == "branch" else {"window_turns": 2})
     )
     _, sampler = run(make_rollout(config, INTERFACE), tokenizer, monkeypatch, ['{"action_index": 0}'], group=2)
     assert sampler.allowed and all(a is None for a in sampler.allowed)  # off by default: free generation

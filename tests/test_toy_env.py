@@ -104,7 +104,8 @@ def test_rollouts_play_the_toy_environment(toy, monkeypatch, mode):
     rows = collect_traces(toy, list(toy.tasks()), [0], teacher="greedy")
     tokenizer = build_tokenizer([m["content"] for r in rows for m in r["messages"]] + [r["completion"] for r in rows])
     monkeypatch.setattr(rollout_mod, "sample", ScriptedSampler(tokenizer, '{"action_index": 1}'))  # "right"
-    config = RolloutConfig(env_name=ENV, mode=mode, horizon=3, window_turns=2, continuation_policy="greedy")
+    turns = {"window_turns": 2} if mode == "window" else {}
+    config = RolloutConfig(env_name=ENV, mode=mode, horizon=3, continuation_policy="greedy", **turns)
     rollout = make_rollout(config, toy)
     prompts = [Anchor(task, 1, 2, policy="random").key() for task in ("near", "far") for _ in range(2)]
     out = rollout(prompts, None, model=object(), tokenizer=tokenizer, generation_config=None, step=0)

@@ -8,9 +8,9 @@ episodes differ only through the policy's own choices. Three credits, each a pur
 * **step level** (:func:`step_advantages`): the n-step return of a decision (:func:`n_step_returns`: the sum of
   the next n step rewards, where a step reward is the change of the environment's potential, e.g. conquest's share
   of territories and armies, or else its own step reward) against a baseline. Decisions taken at identical states
-  across the group (the same state key; GiGPO's step groups) are compared with each other (leave-one-out); a
+  across the group (the same state key; GiGPO's step groups) are compared with those of the other episodes; a
   decision whose state no other episode reached is compared with the mean return of the group's decisions;
-* their weighted sum (:func:`decision_advantages`).
+* their weighted sum (:func:`decision_advantages`), optionally centred over the group's decisions.
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ def n_step_returns(step_rewards: Sequence[float], n: int) -> list[float]:
 def step_advantages(returns: Sequence[Sequence[float]], keys: Sequence[Sequence[Hashable]]) -> list[list[float]]:
     """Step-level advantages of a group: ``returns[i][t]`` and ``keys[i][t]`` are decision t of episode i.
 
-    Decisions sharing a state key with decisions of *other* episodes form a step group and each gets its return minus
-    the mean return of the rest of its step group; every other decision gets its return minus the mean return of all
-    the group's decisions. (Two visits of one episode to the same state are not a comparison of choices: only
-    visits from different episodes make a step group.)
+    A state key reached by two or more episodes makes a step group: each of its decisions gets its return minus the
+    mean return of the step group's decisions in *other* episodes (an episode's own revisits of the state are no
+    comparison of choices, so they never enter its baseline). Every other decision gets its return minus the mean
+    return of all the group's decisions.
     """
     flat = [r for episode in returns for r in episode]
     mean = sum(flat) / len(flat) if flat else 0.0
@@ -57,13 +57,17 @@ def step_advantages(returns: Sequence[Sequence[float]], keys: Sequence[Sequence[
             members.setdefault(key, []).append((i, t))
     out = [[0.0] * len(episode) for episode in returns]
     for positions in members.values():
-        if len({i for i, _ in positions}) < 2:
+        by_episode: dict[int, list[float]] = {}
+        for i, t in positions:
+            by_episode.setdefault(i, []).append(returns[i][t])
+        if len(by_episode) < 2:
             for i, t in positions:
                 out[i][t] = returns[i][t] - mean
             continue
-        total = sum(returns[i][t] for i, t in positions)
+        total, count = sum(returns[i][t] for i, t in positions), len(positions)
         for i, t in positions:
-            out[i][t] = returns[i][t] - (total - returns[i][t]) / (len(positions) - 1)
+            own = by_episode[i]
+            out[i][t] = returns[i][t] - (total - sum(own)) / (count - len(own))
     return out
 
 
@@ -82,6 +86,7 @@ def decision_advantages(
     step_rewards: Sequence[Sequence[float]],
     keys: Sequence[Sequence[Hashable]],
     weights: AdvantageWeights,
+    center: bool = False,
 ) -> tuple[list[list[float]], dict[str, float]]:
     """The advantage of every decision of a group, and what went into them.
 
@@ -90,11 +95,13 @@ def decision_advantages(
         step_rewards: per episode, each decision's step reward.
         keys: per episode, each decision's state key.
         weights: the weights of the two levels and the step level's horizon.
+        center: subtract the mean advantage of the group's decisions from each (longer episodes carry more decisions,
+            so the weighted sum need not average to zero over decisions).
 
     Returns:
         ``(advantages, stats)``: per episode, one advantage per decision; ``stats`` holds ``zero_variance`` (1.0 when
         every outcome is the same), ``matched_share`` (the share of decisions in a step group of two or more
-        episodes) and ``decisions``.
+        episodes), ``decisions`` and ``advantage_mean`` (the decisions' mean advantage before any centring).
     """
     episode_level = leave_one_out(outcomes)
     returns = [n_step_returns(rewards, weights.horizon) for rewards in step_rewards]
@@ -102,15 +109,19 @@ def decision_advantages(
     advantages = [
         [weights.episode * episode_level[i] + weights.step * a for a in step_level[i]] for i in range(len(outcomes))
     ]
+    decisions = sum(len(episode) for episode in keys)
+    advantage_mean = sum(a for episode in advantages for a in episode) / decisions if decisions else 0.0
+    if center:
+        advantages = [[a - advantage_mean for a in episode] for episode in advantages]
     owners: dict[Hashable, set[int]] = {}
     for i, episode in enumerate(keys):
         for key in episode:
             owners.setdefault(key, set()).add(i)
-    decisions = sum(len(episode) for episode in keys)
     matched = sum(1 for episode in keys for key in episode if len(owners[key]) > 1)
     stats = {
         "zero_variance": float(len(set(outcomes)) <= 1),
         "matched_share": matched / decisions if decisions else 0.0,
         "decisions": float(decisions),
+        "advantage_mean": advantage_mean,
     }
     return advantages, stats

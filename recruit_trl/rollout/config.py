@@ -8,7 +8,7 @@ both as command-line flags.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from recruit_trl.contracts import CONTRACTS, MAX_NEW_TOKENS
 from recruit_trl.protocol import FALLBACK_POLICY
@@ -16,6 +16,19 @@ from recruit_trl.protocol import FALLBACK_POLICY
 MODES = ("branch", "window", "episode")
 TO_THE_END = 1_000_000  # a horizon no episode outlasts
 # Per-row fields every rollout returns besides the environment's reward components.
+# Settings that only one mode reads: set to anything but their default in another mode, they are refused.
+MODE_FLAGS = {
+    "continuation_seeds": ("branch",),
+    "self_horizon": ("branch",),
+    "window_turns": ("window",),
+    "reward_teacher": ("branch", "window"),
+    "episode_groups": ("episode",),
+    "episode_decisions": ("episode",),
+    "episode_weight": ("episode",),
+    "step_weight": ("episode",),
+    "step_horizon": ("episode",),
+    "center_advantages": ("episode",),
+}
 ROW_FIELDS = ("valid", "action_shaping", "final_score", "action_type", "action_error", "scored_steps", "teacher_match")
 
 
@@ -105,15 +118,9 @@ class RolloutConfig(PromptConfig):
     step_horizon: int = field(
         default=15, metadata={"help": "Episode mode: decisions in the step level's n-step return (0: to the end)."}
     )
-    shuffle_advantages: bool = field(
-        default=False,
-        metadata={"help": "Episode mode, a control for measurements: the advantages are shuffled among the rows of "
-                  "each generation batch, so the update has their size but no credit (what training gains beyond "
-                  "it is the credit's)."},
-    )  # fmt: skip
     center_advantages: bool = field(
         default=False,
-        metadata={"help": "Episode mode: subtract the mean advantage of the call's decisions from each, so the update "
+        metadata={"help": "Episode mode: subtract the mean advantage of a group's decisions from each, so the update "
                   "does not raise the likelihood of the policy's own samples on average (longer episodes carry more "
                   "decisions, so per-decision advantages need not average to zero)."},
     )  # fmt: skip
@@ -132,10 +139,15 @@ class RolloutConfig(PromptConfig):
             raise ValueError("horizon must be >= 0, window_turns and continuation_seeds >= 1")
         if not 0 <= self.self_horizon <= self.horizon:
             raise ValueError(f"self_horizon must be in [0, horizon={self.horizon}], got {self.self_horizon}")
-        if self.self_horizon and self.mode != "branch":
-            raise ValueError("self_horizon applies to branch mode only")
         if self.episode_groups < 1 or self.episode_decisions < 0 or self.step_horizon < 0:
             raise ValueError("episode_groups must be >= 1, episode_decisions and step_horizon >= 0")
+        defaults = {f.name: f.default for f in fields(RolloutConfig)}
+        for name, modes in MODE_FLAGS.items():
+            if self.mode not in modes and getattr(self, name) != defaults[name]:
+                raise ValueError(
+                    f"--{name} applies to {' and '.join(modes)} mode only and has no effect in {self.mode} mode "
+                    f"(got {getattr(self, name)!r}): drop it or choose --mode {modes[0]}"
+                )
 
     @property
     def decision_tokens(self) -> int:

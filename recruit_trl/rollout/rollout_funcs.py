@@ -546,25 +546,20 @@ class EpisodeRollout(_RolloutBase):
         episodes = self.play(trainer, model, tokenizer, generation_config, groups, size, step)
         weights = AdvantageWeights(self.config.episode_weight, self.config.step_weight, self.config.step_horizon)
         decisions, group_stats = [], []
-        for g in range(len(groups)):
+        for g in range(len(groups)):  # centred per group (center_advantages): an easier start is no credit
             group = episodes[g * size : (g + 1) * size]
             advantages, stats = decision_advantages(
-                [e["outcome"] for e in group], [e["step_rewards"] for e in group], [e["keys"] for e in group], weights
-            )
+                [e["outcome"] for e in group], [e["step_rewards"] for e in group], [e["keys"] for e in group], weights,
+                center=self.config.center_advantages,
+            )  # fmt: skip
             group_stats.append(stats)
             for episode, episode_advantages in zip(group, advantages, strict=True):
                 for row, advantage in zip(episode["rows"], episode_advantages, strict=True):
                     decisions.append({**row, "advantage": advantage})
-        mean_advantage = sum(d["advantage"] for d in decisions) / max(1, len(decisions))
-        if self.config.center_advantages:
-            decisions = [{**d, "advantage": d["advantage"] - mean_advantage} for d in decisions]
+        mean_advantage = sum(s["advantage_mean"] * s["decisions"] for s in group_stats) / max(1, len(decisions))
         rng = random.Random(group_seed(groups[0], step, self.seed))
         chosen = rng.sample(decisions, min(len(prompts), len(decisions)))
         chosen += rng.choices(decisions, k=len(prompts) - len(chosen))  # fewer decisions than rows: some twice
-        if self.config.shuffle_advantages:  # the control: the same advantages, on other rows
-            shuffled = [r["advantage"] for r in chosen]
-            rng.shuffle(shuffled)
-            chosen = [{**r, "advantage": a} for r, a in zip(chosen, shuffled, strict=True)]
         out: dict[str, Any] = {
             "prompt_ids": [r["prompt_ids"] for r in chosen],
             "completion_ids": [r["completion_ids"] for r in chosen],

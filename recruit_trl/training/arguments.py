@@ -140,6 +140,12 @@ class ScriptArguments(RolloutConfig):
         default_factory=lambda: list(DEFAULT_REWARDS),
         metadata={"help": "Reward functions from the `rewards` package, weighted by --reward_weights."},
     )
+    shuffle_advantages: bool = field(
+        default=False,
+        metadata={"help": "The control of a learning claim, in every mode: the advantages the trainer computed are "
+                  "permuted among the rows of each optimizer step (recruit_trl.training.control), so the update "
+                  "has their size but no credit; what a run gains beyond its control is learnt from the credit."},
+    )  # fmt: skip
 
     # The warm start: an SFT run first (the SFT recipe's settings below), or a given adapter or model.
     sft_adapter: str | None = field(

@@ -3,8 +3,10 @@
 :class:`recruit_trl.rollout.rollout_funcs.EpisodeRollout` returns one row per drawn decision with its own advantage
 (the ``advantage`` field, :mod:`recruit_trl.rollout.advantages`). TRL still runs the reward functions (their means are
 logged) and forms its group advantages over consecutive rows, which here are unrelated decisions;
-:class:`EpisodeAdvantages` replaces those with the rows' own. Everything else (the loss, KL to the reference with
-``beta``, clipping, LoRA, accelerate) is TRL's.
+:class:`EpisodeAdvantages` replaces those with the rows' own, and so does what TRL logs of them: the ``advantages``
+column of its completion logs, and ``frac_reward_zero_std``, which becomes the share of the rows trained on whose own
+advantage is zero (no credit either way). Everything else (the loss, KL to the reference with ``beta``, clipping,
+LoRA, accelerate) is TRL's.
 """
 
 from __future__ import annotations
@@ -22,9 +24,18 @@ class EpisodeAdvantages:
             advantages = [float(row["advantage"]) for row in inputs]
         except KeyError:
             raise ValueError("episode training needs the rollout's 'advantage' field: use --mode episode") from None
-        output["advantages"] = torch.tensor(
-            advantages, dtype=output["advantages"].dtype, device=output["advantages"].device
-        )
+        own = torch.tensor(advantages, dtype=output["advantages"].dtype, device=output["advantages"].device)
+        output["advantages"] = own
+        # TRL logged its own group advantages of these rows (every process's): log the rows' own instead.
+        everyone = self.accelerator.gather(own).tolist()
+        logged = self._logs["advantages"]
+        for _ in range(min(len(everyone), len(logged))):
+            logged.pop()
+        logged.extend(everyone)
+        mode = "train" if self.model.training else "eval"
+        zero_std = self._metrics[mode]["frac_reward_zero_std"]
+        if zero_std:
+            zero_std[-1] = sum(1 for a in everyone if abs(a) < 1e-12) / max(1, len(everyone))
         return output
 
 

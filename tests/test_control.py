@@ -1,0 +1,138 @@
+"""The control of a learning claim (``--shuffle_advantages``): in every mode and trainer it trains on a permutation of
+the credit run's advantages; and the credit path's pieces it is measured against (per-group centring, the run's seed
+reaching the rollout, a flag of another mode refused)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from recipe_files import load_recipe
+from trl import GRPOTrainer
+
+import recruit_trl.pipeline as pipeline
+from recruit_trl.rollout.config import MODE_FLAGS, RolloutConfig
+from recruit_trl.training.control import ShuffledAdvantages, control_trainer, rl_trainer_class
+from recruit_trl.training.episode_trainer import EpisodeAdvantages
+from recruit_trl.training.reinforce import ReinforceTrainer
+
+SMALL = [
+    "--anchor_seeds", "100", "--anchor_days", "0-60:20", "--tasks", "easy_bench", "hard_bench",
+    "--per_device_train_batch_size", "16", "--num_generations", "4", "--save_strategy", "no",
+    "--warm_start", "none", "--report", "false", "--max_steps", "1", "--temperature", "1.5",
+]  # fmt: skip
+BY_MODE = {
+    "branch": ["--horizon", "4"],
+    "window": ["--horizon", "2", "--window_turns", "2"],
+    "episode": ["--episode_decisions", "3", "--episode_groups", "2", "--anchor_days", "0"],
+}
+
+
+def trained_advantages(recipe_name: str, flags: list[str], monkeypatch) -> list[list[float]]:
+    """The advantages each generation batch of a one-step run through the recipe trains on (the outermost class's
+    output, after every mixin)."""
+    seen: list[list[float]] = []
+
+    def recording(trainer_cls, mode, shuffle):
+        class Recording(rl_trainer_class(trainer_cls, mode, shuffle)):
+            def _generate_and_score_completions(self, inputs):
+                output = super()._generate_and_score_completions(inputs)
+                seen.append(output["advantages"].flatten().tolist())
+                return output
+
+        return Recording
+
+    monkeypatch.setattr(pipeline, "rl_trainer_class", recording)
+    recipe = load_recipe(recipe_name)
+    recipe.main(*recipe.parse_args(flags))
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("recipe_name", "mode"),
+    [("grpo_clinical", "branch"), ("grpo_clinical", "window"), ("grpo_clinical", "episode"),
+     ("reinforce_clinical", "branch")],
+)  # fmt: skip
+def test_the_control_trains_on_a_permutation_of_the_credit_runs_advantages(
+    recipe_name, mode, warm_model, tmp_path, monkeypatch
+):
+    flags = ["--model_name_or_path", warm_model, *SMALL, "--mode", mode, *BY_MODE[mode]]
+    credit = trained_advantages(recipe_name, [*flags, "--output_dir", str(tmp_path / "credit")], monkeypatch)
+    control = trained_advantages(
+        recipe_name, [*flags, "--output_dir", str(tmp_path / "control"), "--shuffle_advantages", "true"], monkeypatch
+    )
+    assert len(credit) == len(control) == 1
+    (a,), (b,) = credit, control
+    assert len(a) == 16 and any(abs(v) > 1e-6 for v in a), "the credit run needs advantages to permute"
+    assert sorted(a) == pytest.approx(sorted(b))  # the same values (same seed: the same rollout) ...
+    assert a != pytest.approx(b)  # ... on other rows
+
+
+class FixedAdvantages:
+    """A stand-in for a trainer's ``_generate_and_score_completions``."""
+
+    def __init__(self, advantages: list[float], training: bool = True, seed: int = 0, step: int = 0) -> None:
+        self.advantages = torch.tensor(advantages)
+        self.model = type("M", (), {"training": training})()
+        self.args = type("A", (), {"seed": seed})()
+        self.state = type("S", (), {"global_step": step})()
+        self.accelerator = type("Acc", (), {"process_index": 0})()
+
+    def _generate_and_score_completions(self, inputs):
+        return {"advantages": self.advantages.clone()}
+
+
+def test_the_permutation_is_drawn_from_seed_and_step_and_spares_evaluation():
+    cls = control_trainer(FixedAdvantages)
+    values = [float(i) for i in range(32)]
+    first = cls(values)._generate_and_score_completions([])["advantages"].tolist()
+    assert sorted(first) == values and first != values
+    assert cls(values)._generate_and_score_completions([])["advantages"].tolist() == first  # a re-run: the same
+    assert cls(values, step=1)._generate_and_score_completions([])["advantages"].tolist() != first
+    assert cls(values, seed=1)._generate_and_score_completions([])["advantages"].tolist() != first
+    assert cls(values, training=False)._generate_and_score_completions([])["advantages"].tolist() == values
+
+
+def test_the_control_is_the_outermost_override_in_every_mode():
+    for base in (GRPOTrainer, ReinforceTrainer):
+        for mode in ("branch", "window", "episode"):
+            cls = rl_trainer_class(base, mode, True)
+            assert cls.__mro__[1] is ShuffledAdvantages and issubclass(cls, base)
+            assert issubclass(cls, EpisodeAdvantages) == (mode == "episode")
+            credit = rl_trainer_class(base, mode, False)
+            assert issubclass(credit, base) and not issubclass(credit, ShuffledAdvantages)
+            assert credit is base or mode == "episode"
+    once = control_trainer(GRPOTrainer)
+    assert control_trainer(once) is once
+
+
+@pytest.mark.parametrize("name", sorted(MODE_FLAGS))
+def test_a_flag_of_another_mode_is_refused_with_a_message(name):
+    modes = MODE_FLAGS[name]
+    other = next(m for m in ("branch", "window", "episode") if m not in modes)
+    value = {bool: True, int: 3, float: 0.5, str: "expert"}[type(getattr(RolloutConfig(env_name="clinical"), name))]
+    config = dict(env_name="clinical", continuation_policy="grader_heuristic", horizon=5)
+    RolloutConfig(**config, mode=modes[0], **{name: value})  # where it applies: accepted
+    with pytest.raises(ValueError, match=f"--{name} applies to .*no effect in {other} mode"):
+        RolloutConfig(**config, mode=other, **{name: value})
+
+
+def test_the_recipe_refuses_a_flag_of_another_mode_before_any_model_is_built(tmp_path, capsys):
+    recipe = load_recipe("grpo_clinical")
+    with pytest.raises(ValueError, match="--center_advantages applies to episode mode only"):
+        recipe.parse_args(["--output_dir", str(tmp_path), "--center_advantages", "true"])
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_runs_seed_reaches_the_rollout(warm_model, tmp_path, monkeypatch):
+    seeds = []
+    real = pipeline.make_rollout
+
+    def spy(config, interface=None, seed=0):
+        seeds.append(seed)
+        return real(config, interface, seed)
+
+    monkeypatch.setattr(pipeline, "make_rollout", spy)
+    recipe = load_recipe("grpo_clinical")
+    flags = ["--model_name_or_path", warm_model, *SMALL, "--horizon", "2", "--output_dir", str(tmp_path)]
+    recipe.main(*recipe.parse_args([*flags, "--seed", "7"]))
+    assert seeds == [7]
