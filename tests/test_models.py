@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -324,6 +326,78 @@ def test_concurrent_callers_build_once(tmp_path):
         t.join(timeout=120)
     assert not errors and len(results) == 2 and results[0] == results[1]
     assert len(calls) == 1
+
+
+# What each rank of test_two_ranks_build_the_tiny_model_once_on_a_cold_cache runs: first, as every recipe does, its
+# training arguments join it to the launcher's torch.distributed group (gloo, on the CPU).
+TWO_RANKS_SCRIPT = """
+import json
+import sys
+import time
+from pathlib import Path
+
+from transformers import TrainingArguments
+
+from recruit_trl.models.loading import resolve_model
+from recruit_trl.models.tiny_model import ensure_tiny_model
+
+work = Path(sys.argv[1])
+job = json.loads((work / "job.json").read_text())
+args = TrainingArguments(output_dir=str(work / "out"), use_cpu=True, report_to="none")
+rank = args.process_index
+
+
+def corpus_fn():
+    (work / f"corpus-read-by-{rank}").touch()
+    return job["rows"]
+
+
+if rank == 0:
+    time.sleep(2)  # rank 0 is busy elsewhere: rank 1 reaches the cold cache first
+shared = resolve_model("tiny", corpus_fn, **job["build"])  # the cache in $RECRUIT_TRL_CACHE, shared by both ranks
+# A cache that no other rank shares (another node's disk): each rank builds its own, at the same time.
+own = ensure_tiny_model(lambda: job["rows"], work / f"own-{rank}", **job["build"])
+(work / f"rank-{rank}.json").write_text(json.dumps({"world_size": args.world_size, "shared": shared, "own": str(own)}))
+"""
+
+
+def test_two_ranks_build_the_tiny_model_once_on_a_cold_cache(tmp_path):
+    """``accelerate launch`` with two CPU processes (the project's cpu_ddp config) on a cold cache: rank 0 builds the
+    tiny model while rank 1 waits, then both use the same complete folder. Rank 1 reaches the cache first; before the
+    fix it built the model itself and transformers' ``save_pretrained``, in a process of a torch.distributed group,
+    wrote nothing on rank 1 ("finished without writing recruit_trl_model.json"). Each rank then builds into a cache of
+    its own: a build writes everything whatever rank runs it."""
+    import socket
+
+    from recruit_trl.models.loading import is_trained
+
+    root = Path(__file__).parents[1]
+    script = tmp_path / "two_ranks.py"
+    script.write_text(TWO_RANKS_SCRIPT)
+    build = {**TINY, "max_steps": 2}
+    (tmp_path / "job.json").write_text(json.dumps({"rows": synthetic_corpus(40), "build": build}))
+    with socket.socket() as s:  # a free port: another job on this machine may be using accelerate's default
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(root / "accelerate_configs" / "cpu_ddp.yaml"), "--main_process_port", str(port),
+           str(script), str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "RECRUIT_TRL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
+           "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(root)}  # fmt: skip
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    shared = Path(ranks[0]["shared"])
+    assert ranks[1]["shared"] == str(shared) and shared.parent == tmp_path / "cache" / "models"
+    assert is_complete(shared) and is_trained(shared)
+    assert json.loads((shared / METADATA_FILE).read_text())["kind"] == "tiny"
+    assert sorted(p.name for p in tmp_path.glob("corpus-read-by-*")) == ["corpus-read-by-0"]  # built once, by rank 0
+    assert [p.name for p in shared.parent.iterdir() if ".tmp-" in p.name] == []
+    for r, rank in enumerate(ranks):
+        own = Path(rank["own"])
+        assert own.parent == tmp_path / f"own-{r}" / "models" and is_complete(own) and is_trained(own)
 
 
 # ------------------------------------------------------------------------------------------ resolve / SmolLM2

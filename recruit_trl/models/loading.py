@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from recruit_trl.files import file_sha256, read_json
-from recruit_trl.models.build_cache import METADATA_FILE
+from recruit_trl.models.build_cache import METADATA_FILE, main_process_first
 from recruit_trl.models.smollm2 import load_smollm2
 from recruit_trl.models.tiny_model import ensure_tiny_model
 
@@ -35,14 +35,19 @@ def resolve_model(
     ``"tiny"``: :func:`ensure_tiny_model` with ``corpus_fn`` (required) and ``build_kwargs`` (which may
     include ``name`` and ``version_key``). ``"smollm2"``: :func:`load_smollm2`. Anything else (a local
     folder, or a hub id already in the user's Hugging Face cache) is returned unchanged.
+
+    In a distributed job every rank calls it: on a cold cache rank 0 builds the model while the other ranks wait, then
+    they read the same folder (:func:`~recruit_trl.models.build_cache.main_process_first`).
     """
     key = name_or_path.strip().lower()
     if key == "tiny":
         if corpus_fn is None:
             raise ValueError('resolve_model("tiny") needs corpus_fn: a callable returning the warm-up corpus rows')
-        return str(ensure_tiny_model(corpus_fn, cache_dir, **build_kwargs))
+        with main_process_first():
+            return str(ensure_tiny_model(corpus_fn, cache_dir, **build_kwargs))
     if key == "smollm2":
-        return str(load_smollm2(cache_dir))
+        with main_process_first():
+            return str(load_smollm2(cache_dir))
     return name_or_path
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from recruit_trl.files import write_json_atomic
-from recruit_trl.models.build_cache import METADATA_FILE, cache_root, cached_build
+from recruit_trl.models.build_cache import METADATA_FILE, cache_root, cached_build, run_alone
 from recruit_trl.models.tokenizer import build_tokenizer, render_row, tokenizer_texts
 
 #: Bump when the build recipe changes in a way that changes the built model: it invalidates cached builds.
@@ -244,11 +244,17 @@ def ensure_tiny_model(
     folder = cache_root(cache_dir) / "models" / f"{name}-{_kwargs_hash(build_kwargs, version_key)}"
 
     def build(tmp: Path) -> None:
-        corpus = corpus_fn()
-        build_tiny_model(tmp, corpus, **build_kwargs)
-        meta = json.loads((tmp / METADATA_FILE).read_text())
-        meta.update({"name": name, "version_key": version_key})
-        write_json_atomic(tmp / METADATA_FILE, meta)
+        # The corpus is collected here (corpus_fn need not pickle); the build is a single-process job even in a
+        # distributed one (run_alone: in a fresh process there, so that every file is written on any rank).
+        run_alone(_build_named, tmp, list(corpus_fn()), build_kwargs, name, version_key)
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     return cached_build(folder, build)
+
+
+def _build_named(tmp: Path, corpus: list[dict], build_kwargs: dict[str, Any], name: str, version_key: str) -> None:
+    """:func:`build_tiny_model` into ``tmp``, with ``name`` and ``version_key`` in the metadata (written last)."""
+    build_tiny_model(tmp, corpus, **build_kwargs)
+    meta = json.loads((tmp / METADATA_FILE).read_text())
+    meta.update({"name": name, "version_key": version_key})
+    write_json_atomic(tmp / METADATA_FILE, meta)

@@ -39,12 +39,7 @@ import torch.nn.functional as F
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
 from recruit_trl.models.batching import length_bucketed_batches
-
-# Environment variables through which launchers (torchrun, MPI, accelerate launch) configure accelerate; every
-# ``ACCELERATE_*`` variable is hidden as well.
-_LAUNCHER_ENV = frozenset(
-    {"LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"}
-)
+from recruit_trl.models.build_cache import is_launcher_variable
 
 
 def pretrain(
@@ -256,7 +251,7 @@ def _isolated_trainer() -> Iterator[None]:
 
     shared = [cls._shared_state for cls in (PartialState, AcceleratorState, GradientState)]
     saved = [dict(state) for state in shared]
-    hidden = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("ACCELERATE_") or k in _LAUNCHER_ENV}
+    hidden = {k: os.environ.pop(k) for k in list(os.environ) if is_launcher_variable(k)}
     rng_states = random.getstate(), np.random.get_state(), torch.get_rng_state()
     for state in shared:
         state.clear()
