@@ -21,6 +21,7 @@ from recruit_trl import __version__
 from recruit_trl.evaluation.evaluate import EvalConfig, evaluate
 from recruit_trl.evaluation.report import format_results, plot_results
 from recruit_trl.files import write_json_atomic
+from recruit_trl.learning_check import LearningCheckError, make_plan, run_learning_check
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
 
@@ -227,6 +228,48 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------------
+# learning-check
+
+
+def _add_learning_check(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "learning-check",
+        help="an RL recipe's credit against its control (shuffled advantages) across training seeds",
+        description="Train every --seeds seed of RECIPE in both arms, credit (--shuffle_advantages false) and "
+        "control (true), from one start built once; evaluate the start and every model on the same held-out "
+        "seeds (greedy and sampled at the training temperature); print each arm's mean +- SE across seeds, each "
+        "arm minus the start and credit minus control paired by seed with its t; write JSON and a PNG of the "
+        "training curves. Finished runs and evaluations are skipped on a re-run. The recipe flags, the same for "
+        "every run, follow '--'.",
+        usage="recruit-trl learning-check RECIPE [--seeds 0-2] [--eval_seeds SEEDS] [--json FILE] "
+        "[--output_dir DIR] [--metric FIELD] -- RECIPE_FLAGS",
+    )
+    p.add_argument("recipe", help="an RL recipe: a file, or a name in recipes/ (grpo_clinical, grpo_conquest, ...)")
+    p.add_argument("--seeds", default="0-2", help="training seeds, each trained in both arms (default 0-2)")
+    p.add_argument("--eval_seeds", help="held-out reset seeds of the evaluation (default: the recipe's --eval_seeds)")
+    p.add_argument("--json", help="the results' JSON file (default <output_dir>/learning_check.json)")
+    p.add_argument("--output_dir", help="the check's folder (default outputs/learning_check/<recipe>)")
+    p.add_argument(
+        "--metric",
+        help="the result rows' field compared (default: win_rate when the rows carry it, else final_score_mean)",
+    )
+    p.add_argument("--no_progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_learning_check, recipe_flags=[])
+
+
+def cmd_learning_check(args: argparse.Namespace) -> int:
+    try:
+        plan = make_plan(
+            args.recipe, args.recipe_flags, seeds=args.seeds, eval_seeds=args.eval_seeds,
+            output_dir=args.output_dir, json_path=args.json, metric=args.metric,
+        )  # fmt: skip
+    except LearningCheckError as exc:
+        print(f"recruit-trl learning-check: error: {exc}", file=sys.stderr)
+        return 2
+    return run_learning_check(plan, progress=not args.no_progress)
+
+
+# --------------------------------------------------------------------------------------------------
 # environment commands: entry points of the recruit_trl.commands group (their own --help is the reference)
 
 COMMAND_GROUP = "recruit_trl.commands"
@@ -253,8 +296,12 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_tasks,
     _add_eval,
     _add_benchmark,
+    _add_learning_check,
     _add_version,
 )
+# Subcommands that hand every argument after "--" to a script (argparse of Python 3.11 cannot take them as a
+# positional list): main() cuts them off before parsing and sets them as args.recipe_flags.
+_PASSTHROUGH = ("learning-check",)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -276,8 +323,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = environment_commands()
     if argv and argv[0] in commands:  # hand every remaining argument (even --help) to the environment's command
         return int(commands[argv[0]].load()(argv[1:]) or 0)
+    passthrough = None
+    if argv and argv[0] in _PASSTHROUGH and "--" in argv:
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1 :]
     parser = build_parser()
     args = parser.parse_args(argv)
+    if passthrough is not None:
+        args.recipe_flags = passthrough
     return int(args.func(args) or 0)
 
 

@@ -25,7 +25,9 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import json
+import os
 import random
+import sys
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
@@ -253,6 +255,20 @@ def register_env(name: str, interface: EnvInterface | Callable[[], EnvInterface]
     _REGISTRY[name] = interface
 
 
+def import_from_working_directory(module_name: str) -> Any:
+    """``importlib.import_module``, falling back to the current directory as ``python -m`` would: a console script
+    (``recruit-trl``) puts its own bin folder first on ``sys.path``, not the directory it runs in, so
+    ``--env tests.toy_env:TOY`` run from a repository root would not find ``tests`` otherwise."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing_is_the_module = exc.name is not None and (module_name + ".").startswith(exc.name + ".")
+        if not missing_is_the_module or os.getcwd() in sys.path or "" in sys.path:
+            raise
+        sys.path.insert(0, os.getcwd())
+        return importlib.import_module(module_name)
+
+
 def get_env_interface(name: str) -> EnvInterface:
     """The interface called ``name``: registered with :func:`register_env`, else an installed package's entry point
     of the ``recruit_trl.envs`` group, else ``"package.module:attribute"`` imported (an interface or a factory).
@@ -273,7 +289,7 @@ def get_env_interface(name: str) -> EnvInterface:
         elif ":" in name:
             module_name, attr = name.split(":", 1)
             try:
-                _REGISTRY[name] = getattr(importlib.import_module(module_name), attr)
+                _REGISTRY[name] = getattr(import_from_working_directory(module_name), attr)
             except (ImportError, AttributeError) as exc:
                 raise ValueError(f"Cannot import environment interface {name!r}: {exc}") from None
         else:

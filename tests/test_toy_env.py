@@ -45,7 +45,8 @@ def test_eval_command_line_runs_the_toy_environment(tmp_path):
     out = tmp_path / "toy.json"
     command = [str(Path(sys.executable).parent / "recruit-trl"), "eval", "--env", ENV, "--policy", "greedy"]
     command += ["--policy", "random", "--seeds", "0-4", "--json", str(out), "--no-progress"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    # As the README writes it: from the repository root, nothing on PYTHONPATH.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(out.read_text())["results"]

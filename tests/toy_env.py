@@ -76,6 +76,15 @@ def random_policy(obs: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
     return {"kind": rng.choice(KINDS[:3])}  # never stops: a random walk of the whole episode
 
 
+def wanderer_policy(obs: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
+    """Heads for the target two days in three, else a random move; never stops: its walks pass the target and come
+    back, so states on both sides of it (anchors for branch mode) are visited."""
+    gap = obs["target"] - obs["position"]
+    if gap and rng.random() < 2 / 3:
+        return {"kind": toward(obs)}
+    return {"kind": rng.choice(KINDS[:3])}
+
+
 class Planner:
     """A policy that reads the live environment (``act`` only, not callable), as board-game bots do."""
 
@@ -136,11 +145,41 @@ class ToyInterface(EnvInterface):
         return info.get("final_score")
 
     def get_policy(self, name: str):
-        policies = {"greedy": greedy_policy, "random": random_policy, "planner": Planner()}
+        policies = {
+            "greedy": greedy_policy,
+            "random": random_policy,
+            "wanderer": wanderer_policy,
+            "planner": Planner(),
+        }
         return policies[name] if name in policies else super().get_policy(name)
 
 
 TOY = ToyInterface()
+
+
+class AimlessToyInterface(ToyInterface):
+    """The walk whose fallback agent goes nowhere (left, right and wait in turn): a start far below the best policy,
+    for the learning check's toy rung.
+
+    The tiny model built for it imitates that fallback (70% of its warm-up answers, 30% random candidates) and an
+    unparsable answer plays it too, so neither the model as built nor the fallback reaches the target, while the
+    model still samples every move: what a model trained on it scores above that is learnt. Its prompt says which
+    way the target lies, so reading the state is one word and the tiny model's arithmetic is not what is measured.
+    """
+
+    name = "toy_aimless"
+
+    def render(self, obs: Mapping[str, Any], recent: Sequence[str]) -> str:
+        first, *rest = super().render(obs, recent).split("\n", 1)
+        gap = obs["target"] - obs["position"]
+        where = "to the right" if gap > 0 else "to the left" if gap < 0 else "here"
+        return "\n".join([f"{first} | the target is {where}", *rest])
+
+    def fallback_action(self, obs: Mapping[str, Any]) -> dict[str, Any]:
+        return {"kind": ("left", "right", "wait")[obs["day"] % 3]}
+
+
+AIMLESS_TOY = AimlessToyInterface()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,726 @@
+"""``recruit-trl learning-check RECIPE``: an RL recipe's credit against its control, across training seeds.
+
+A learning claim counts only beside its control: the same run with the advantages permuted among the rows of each
+optimizer batch (``--shuffle_advantages true``: the same values, zero expected gradient on-policy). This module runs
+both arms from one shared start and compares them on held-out episodes:
+
+1. Checks: the recipe (a file or a name in ``recipes/``), the seed ranges, and the recipe flags, parsed by the
+   recipe's own ``parse_args`` together with the flags the check adds (so a flag the recipe refuses stops the check
+   before anything trains). The flags the check sets itself (``--seed``, ``--shuffle_advantages``, ``--output_dir``,
+   ``--report``) are refused among the recipe flags.
+2. The start, built once in ``<output_dir>/start`` by a subprocess (:func:`build_start`): the recipe's warm start
+   (``--warm_start auto``: :func:`recruit_trl.training.warm_start.run_warm_start`, trained into ``start/sft``), a
+   given ``--sft_adapter``, or the base model itself (``--warm_start none``). Every run then starts from it
+   (``--sft_adapter <start> --warm_start none`` after a warm start).
+3. Every training seed in both arms, ``credit`` (``--shuffle_advantages false``) and ``control`` (``true``), each a
+   fresh ``python RECIPE`` process into ``<output_dir>/<arm>_seed<k>`` with its output in ``train.log`` there; a
+   crash is reported and the check goes on. A finished run (its ``run_info.json``, written last) is not run again.
+4. Held-out evaluation of the start and every trained model on the same reset seeds, every task of the run, greedy
+   and sampled at the training ``--temperature`` / ``--top_p``; each model's evaluation is cached in
+   ``<folder>/eval/learning_check_<decoding>.json`` (:func:`recruit_trl.evaluation.cache.evaluate_cached`).
+5. The summary (:func:`summarize`): per task and for the mean over tasks, each arm's mean +- SE across training
+   seeds, each arm minus the start, and credit minus control paired by seed with its t on n-1 degrees of freedom;
+   the JSON file (rows per arm, seed, task and decoding, the start's rows, the summary, the commands, versions) and a
+   PNG of both arms' training curves (``episode/outcome`` in episode mode, else ``reward``, from each run's
+   ``trainer_state.json``).
+
+This module imports no torch at import time: the recipe (and with it TRL) is loaded when the check runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from recruit_trl.evaluation.cache import evaluate_cached
+from recruit_trl.evaluation.evaluate import EvalConfig
+from recruit_trl.files import read_json, save_figure_atomic, write_json_atomic
+from recruit_trl.models.loading import is_trained, loading_config
+from recruit_trl.protocol import get_env_interface
+from recruit_trl.ranges import parse_int_ranges
+from recruit_trl.training.arguments import ScriptArguments, with_env_tasks
+from recruit_trl.training.model_setup import model_init_kwargs, resolve_model_for
+from recruit_trl.training.run_report import RL_FINISHED, eval_workers
+from recruit_trl.versions import versions
+
+# The two arms and the --shuffle_advantages value each runs with.
+ARMS = {"credit": "false", "control": "true"}
+# Flags the check sets for every run itself: the recipe flags may not set them.
+OWN_FLAGS = ("seed", "shuffle_advantages", "output_dir", "report")
+# The recipes shipped with the repository (a name is looked up in ./recipes first, then here).
+REPO_RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+START_DIR = "start"
+START_FILE = "start.json"  # written last by build_start: the start model's path
+FLAGS_FILE = "learning_check_flags.json"  # the recipe and flags this output folder was started with
+LOG_FILE = "train.log"
+TRAINER_STATE = "trainer_state.json"
+CURVES_PNG = "learning_curves.png"
+METRICS = ("win_rate", "final_score_mean")  # the first one the start's rows carry, unless --metric names one
+
+
+class LearningCheckError(ValueError):
+    """A learning check that cannot start: a bad recipe, seed range or recipe flag (a one-line message)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# statistics (pure)
+
+
+def mean_se(values: Sequence[float]) -> dict[str, Any]:
+    """``{"n", "mean", "se"}`` of ``values``: the mean and its standard error (sample sd over sqrt(n), on n-1
+    degrees of freedom); ``mean`` is ``None`` without values, ``se`` ``None`` below two."""
+    n = len(values)
+    if n == 0:
+        return {"n": 0, "mean": None, "se": None}
+    mean = sum(values) / n
+    if n < 2:
+        return {"n": n, "mean": mean, "se": None}
+    variance = sum((v - mean) ** 2 for v in values) / (n - 1)
+    return {"n": n, "mean": mean, "se": math.sqrt(variance / n)}
+
+
+def paired_differences(credit: Mapping[int, float], control: Mapping[int, float]) -> dict[str, Any]:
+    """Credit minus control paired by training seed: ``d_k = credit_k - control_k`` over the seeds both arms have.
+
+    Returns:
+        ``{"seeds", "diffs", "n", "mean", "se", "t", "df"}``: the mean difference, its standard error, ``t = mean /
+        se`` on ``df = n - 1`` degrees of freedom. ``t`` and ``df`` are ``None`` below two pairs, ``t`` also when the
+        differences do not vary (se 0).
+    """
+    seeds = sorted(set(credit) & set(control))
+    diffs = [credit[k] - control[k] for k in seeds]
+    stats = mean_se(diffs)
+    t = stats["mean"] / stats["se"] if stats["se"] else None
+    return {"seeds": seeds, "diffs": diffs, **stats, "t": t, "df": stats["n"] - 1 if stats["n"] >= 2 else None}
+
+
+def summarize(
+    rows: Sequence[Mapping[str, Any]], start_rows: Sequence[Mapping[str, Any]], tasks: Sequence[str]
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """The learning check's summary from its result rows.
+
+    Args:
+        rows: ``{"arm", "seed", "task", "decoding", "value"}`` per trained model, task and decoding.
+        start_rows: ``{"task", "decoding", "value"}`` of the start model.
+        tasks: the run's tasks, in order; the summary adds ``"mean"``, the mean over tasks of each model (only for
+            models with a value on every task).
+
+    Returns:
+        ``{decoding: {task: {arm: {"n", "mean", "se", "values": {seed: value}}, "start": value,
+        "<arm>_minus_start": float, "credit_minus_control": paired_differences(...)}}}`` for each decoding of the
+        rows, tasks in order and ``"mean"`` last.
+    """
+    decodings = list(dict.fromkeys([r["decoding"] for r in start_rows] + [r["decoding"] for r in rows]))
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for decoding in decodings:
+        values: dict[tuple[str, str], dict[int, float]] = {}  # (task, arm) -> {seed: value}
+        for r in rows:
+            if r["decoding"] == decoding and r["value"] is not None:
+                values.setdefault((r["task"], r["arm"]), {})[r["seed"]] = r["value"]
+        start = {r["task"]: r["value"] for r in start_rows if r["decoding"] == decoding and r["value"] is not None}
+        for arm in ARMS:  # the mean over tasks, per seed that has every task
+            per_task = [values.get((task, arm), {}) for task in tasks]
+            seeds = set.intersection(*(set(v) for v in per_task)) if per_task else set()
+            values[("mean", arm)] = {k: sum(v[k] for v in per_task) / len(per_task) for k in sorted(seeds)}
+        if tasks and all(task in start for task in tasks):
+            start["mean"] = sum(start[task] for task in tasks) / len(tasks)
+        cells = {}
+        for task in [*tasks, "mean"]:
+            cell: dict[str, Any] = {}
+            for arm in ARMS:
+                by_seed = dict(sorted(values.get((task, arm), {}).items()))
+                cell[arm] = {**mean_se(list(by_seed.values())), "values": by_seed}
+            cell["start"] = start.get(task)
+            for arm in ARMS:
+                mean = cell[arm]["mean"]
+                cell[f"{arm}_minus_start"] = None if mean is None or cell["start"] is None else mean - cell["start"]
+            cell["credit_minus_control"] = paired_differences(values.get((task, "credit"), {}),
+                                                              values.get((task, "control"), {}))  # fmt: skip
+            cells[task] = cell
+        out[decoding] = cells
+    return out
+
+
+def format_summary(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], metric: str) -> str:
+    """The summary as plain-text tables, one per decoding: each arm's mean +- SE across training seeds, the start,
+    each arm minus the start, and credit minus control paired by seed (mean +- SE, t on n-1 degrees of freedom)."""
+
+    def value(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    def signed(x: float | None) -> str:
+        return "-" if x is None else f"{x:+.3f}"
+
+    def arm(cell: Mapping[str, Any]) -> str:
+        if cell["mean"] is None:
+            return "-"
+        se = f" ± {cell['se']:.3f}" if cell["se"] is not None else ""
+        return f"{cell['mean']:.3f}{se} (n {cell['n']})"
+
+    def paired(p: Mapping[str, Any]) -> str:
+        if p["n"] == 0:
+            return "no seed with both arms"
+        if p["n"] < 2:
+            return f"{p['mean']:+.3f} (n 1: no SE, no t)"
+        t = "no t (no spread)" if p["t"] is None else f"t = {p['t']:.2f} (df {p['df']})"
+        return f"{p['mean']:+.3f} ± {p['se']:.3f}  {t}"
+
+    headers = ["task", "credit", "control", "start", "credit-start", "control-start", "credit-control (by seed)"]
+    blocks = []
+    for decoding, cells in summary.items():
+        rows = [
+            [task, arm(c["credit"]), arm(c["control"]), value(c["start"]), signed(c["credit_minus_start"]),
+             signed(c["control_minus_start"]), paired(c["credit_minus_control"])]
+            for task, c in cells.items()
+        ]  # fmt: skip
+        widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows, strict=True)]
+        lines = [f"{metric}, {decoding}:"]
+        for cells_of_row in [headers, ["-" * w for w in widths], *rows]:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(cells_of_row, widths, strict=True)).rstrip())
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+# --------------------------------------------------------------------------------------------------
+# checks and the plan
+
+
+@dataclass
+class Plan:
+    """Everything a learning check runs, decided (and checked) before anything trains."""
+
+    recipe: Path
+    flags: list[str]  # the recipe flags given after "--"
+    seeds: list[int]
+    eval_seeds: list[int]
+    output_dir: Path
+    json_path: Path
+    metric: str | None  # None: win_rate when the rows carry it, else final_score_mean
+    env: str
+    tasks: list[str]
+    mode: str
+    warm_start: bool  # whether the start trains the recipe's warm start (else: --sft_adapter or the base model)
+    eval_config: EvalConfig  # greedy; the sampled one is its copy at the training temperature
+    sampling: dict[str, float]  # the training --temperature and --top_p
+    # The start when nothing builds it: the --sft_adapter, or a base model folder used as it is (None: the start's
+    # process trains the warm start, or resolves a built model's name such as tiny or smollm2).
+    known_start: str | None = None
+
+    @property
+    def start_dir(self) -> Path:
+        return self.output_dir / START_DIR
+
+    def run_dir(self, arm: str, seed: int) -> Path:
+        return self.output_dir / f"{arm}_seed{seed}"
+
+    def decodings(self) -> dict[str, EvalConfig]:
+        """``{"greedy": config, "sampled": config}``; greedy only when training did not sample (temperature 0)."""
+        out = {"greedy": self.eval_config}
+        if self.sampling["temperature"] > 0:
+            out["sampled"] = replace(self.eval_config, **self.sampling)
+        return out
+
+
+def find_recipe(name: str) -> Path:
+    """The recipe file ``name`` names: a path to it, or a recipe's name (``grpo_clinical``, ``grpo_clinical.py``) in
+    ``./recipes`` or the repository's ``recipes/``.
+
+    Raises:
+        LearningCheckError: no such file.
+    """
+    path = Path(name)
+    if path.is_file():
+        return path.resolve()
+    stem = path.stem if path.suffix == ".py" else path.name
+    for folder in (Path.cwd() / "recipes", REPO_RECIPES):
+        if (folder / f"{stem}.py").is_file():
+            return (folder / f"{stem}.py").resolve()
+    known = sorted(p.stem for p in REPO_RECIPES.glob("*.py"))
+    raise LearningCheckError(f"unknown recipe {name!r}: give a recipe file or a name in recipes/ ({', '.join(known)})")
+
+
+def own_flags_in(flags: Sequence[str]) -> list[str]:
+    """The flags among ``flags`` that the check sets itself (``--seed``, ``--output-dir=...``, ...)."""
+    found = []
+    for flag in flags:
+        if flag.startswith("--"):
+            name = flag[2:].split("=", 1)[0].replace("-", "_")
+            if name in OWN_FLAGS:
+                found.append(f"--{name}")
+    return found
+
+
+def load_recipe(path: Path) -> ModuleType:
+    """The recipe file as a module (registered in ``sys.modules``: its dataclasses look their module up)."""
+    name = f"recruit_trl_recipe_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "parse_args", None)):
+        raise LearningCheckError(f"{path} has no parse_args(argv): not a recipe")
+    return module
+
+
+def parse_recipe_flags(recipe: ModuleType, flags: Sequence[str]) -> tuple[Any, Any, Any]:
+    """``(script_args, training_args, model_args)`` of the recipe's own ``parse_args(flags)``.
+
+    Raises:
+        LearningCheckError: the recipe is not an RL recipe of :func:`recruit_trl.pipeline.run_rl`, or refuses the
+            flags (the parser's own error line).
+    """
+    name = Path(recipe.__file__).name
+    captured = io.StringIO()
+    try:
+        # argparse prints its usage over many lines before exiting: keep only its error line.
+        with contextlib.redirect_stderr(captured):
+            parsed = recipe.parse_args(list(flags))
+    except SystemExit:
+        lines = [line for line in captured.getvalue().splitlines() if line.strip()]
+        error = next((line for line in reversed(lines) if "error:" in line), lines[-1] if lines else "refused")
+        error = error.split("error:", 1)[-1].strip()
+        raise LearningCheckError(f"{name} refuses the recipe flags: {error}") from None
+    except ValueError as exc:
+        raise LearningCheckError(f"{name} refuses the recipe flags: {' '.join(str(exc).split())}") from exc
+    if not (isinstance(parsed, tuple) and len(parsed) == 3 and isinstance(parsed[0], ScriptArguments)):
+        raise LearningCheckError(f"{name} is not an RL recipe of recruit_trl.pipeline (no ScriptArguments)")
+    return parsed
+
+
+def seed_list(spec: str, what: str) -> list[int]:
+    """``parse_int_ranges(spec)``, refused when malformed or empty."""
+    try:
+        seeds = parse_int_ranges(spec)
+    except ValueError as exc:
+        raise LearningCheckError(f"{what}: {exc}") from exc
+    if not seeds:
+        raise LearningCheckError(f"{what}: {spec!r} names no seed")
+    return seeds
+
+
+def make_plan(
+    recipe: str,
+    flags: Sequence[str],
+    seeds: str = "0-2",
+    eval_seeds: str | None = None,
+    output_dir: str | None = None,
+    json_path: str | None = None,
+    metric: str | None = None,
+) -> Plan:
+    """Check everything a learning check needs and decide what it runs; nothing is written.
+
+    Args:
+        recipe: a recipe file or name (:func:`find_recipe`).
+        flags: the recipe flags, the same for every run (not ``--seed``, ``--shuffle_advantages``, ``--output_dir``
+            or ``--report``: the check sets them).
+        seeds: training seeds, e.g. ``0-2``.
+        eval_seeds: held-out reset seeds of the evaluation (default: the recipe's ``--eval_seeds``).
+        output_dir: the check's folder (default ``outputs/learning_check/<recipe>``).
+        json_path: the JSON file (default ``<output_dir>/learning_check.json``).
+        metric: a result row's field to compare (default: ``win_rate`` when the rows carry it, else
+            ``final_score_mean``).
+
+    Raises:
+        LearningCheckError: with a one-line message.
+    """
+    path = find_recipe(recipe)
+    train_seeds = seed_list(seeds, "--seeds")
+    held_out = seed_list(eval_seeds, "--eval_seeds") if eval_seeds is not None else None
+    if own := own_flags_in(flags):
+        raise LearningCheckError(f"the check sets {', '.join(dict.fromkeys(own))} for every run itself: drop it from "
+                                 "the recipe flags (--seeds, --output_dir of learning-check)")  # fmt: skip
+    out = Path(output_dir or Path("outputs", "learning_check", path.stem)).resolve()
+    with contextlib.redirect_stdout(io.StringIO()):  # what TRL and bitsandbytes print when they are imported
+        module = load_recipe(path)
+    parse_recipe_flags(module, flags)  # an RL recipe that takes the flags as given
+    # Parsed again with the check's own flags, as a run will be, so that every flag is checked now (the start's flags
+    # name fields every RL recipe has).
+    probe = [*flags, *own_run_flags(train_seeds[0], "control", out / f"control_seed{train_seeds[0]}")]
+    script_args, training_args, model_args = parse_recipe_flags(module, probe)
+    previous = read_json(out / FLAGS_FILE)
+    if previous is not None and (previous.get("recipe"), previous.get("flags")) != (str(path), list(flags)):
+        raise LearningCheckError(f"{out} holds a learning check of {previous.get('recipe')} with the flags "
+                                 f"{previous.get('flags')}: give another --output_dir")  # fmt: skip
+    interface = get_env_interface(script_args.env_name)
+    with_env_tasks(script_args, interface)
+    config = EvalConfig(
+        env=script_args.env_name,
+        tasks=tuple(script_args.tasks),
+        seeds=tuple(held_out or seed_list(script_args.eval_seeds, "the recipe's --eval_seeds")),
+        contract=script_args.contract,
+        recent_k=script_args.recent_k,
+        constrained=script_args.eval_constrained,
+        model_loading=loading_config(model_args),  # the models are evaluated loaded as they were trained
+        workers=eval_workers(script_args),
+    )
+    return Plan(
+        recipe=path,
+        flags=list(flags),
+        seeds=train_seeds,
+        eval_seeds=list(config.seeds),
+        output_dir=out,
+        json_path=Path(json_path).resolve() if json_path else out / "learning_check.json",
+        metric=metric,
+        env=script_args.env_name,
+        tasks=list(script_args.tasks),
+        mode=script_args.mode,
+        warm_start=script_args.sft_adapter is None and script_args.warm_start == "auto",
+        known_start=known_start(script_args, model_args),
+        eval_config=config,
+        sampling={"temperature": float(training_args.temperature), "top_p": float(training_args.top_p)},
+    )
+
+
+def known_start(script_args: Any, model_args: Any) -> str | None:
+    """The start when no process has to build it: the ``--sft_adapter``, or with ``--warm_start none`` a model folder
+    or hub id (what :func:`recruit_trl.models.loading.resolve_model` returns unchanged); ``None`` otherwise."""
+    if script_args.sft_adapter:
+        return script_args.sft_adapter
+    name = model_args.model_name_or_path
+    if script_args.warm_start == "none" and name.strip().lower() not in ("tiny", "smollm2"):
+        return str(Path(name).resolve()) if Path(name).exists() else name
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# the start and the runs
+
+
+def own_run_flags(seed: int, arm: str, output_dir: Path) -> list[str]:
+    """The flags the check adds to a run: its seed, arm and folder, no report (the check evaluates itself)."""
+    return ["--seed", str(seed), "--shuffle_advantages", ARMS[arm], "--output_dir", str(output_dir),
+            "--report", "false"]  # fmt: skip
+
+
+def start_flags(output_dir: Path, warm_start: bool) -> list[str]:
+    """The flags that start a run from the warm start trained once in ``<output_dir>/start/sft`` (none when the
+    recipe has no warm start to train: the run starts from its ``--sft_adapter`` or base model, as the start)."""
+    if not warm_start:
+        return []
+    return ["--sft_adapter", str(output_dir / START_DIR / "sft"), "--warm_start", "none"]
+
+
+def start_command(plan: Plan) -> list[str]:
+    """The process that builds the start (:func:`build_start`)."""
+    return [sys.executable, "-m", "recruit_trl.learning_check", str(plan.recipe), str(plan.start_dir), "--",
+            *plan.flags]  # fmt: skip
+
+
+def run_command(plan: Plan, arm: str, seed: int) -> list[str]:
+    """The process that trains ``arm`` with training seed ``seed``: the recipe, as a script, with the recipe flags,
+    the check's own flags and the start's."""
+    own = own_run_flags(seed, arm, plan.run_dir(arm, seed))
+    return [sys.executable, str(plan.recipe), *plan.flags, *own, *start_flags(plan.output_dir, plan.warm_start)]
+
+
+def build_start(recipe: str, start_dir: str, flags: Sequence[str]) -> dict[str, Any]:
+    """Build the start every run trains from (run in its own process by the check; see :func:`start_command`).
+
+    The recipe's pipeline up to its warm start (:func:`recruit_trl.pipeline.run_rl` steps 1-3): the environment and
+    tasks, the base model resolved (``tiny`` built and cached), then with ``--warm_start auto`` the warm start
+    trained into ``<start_dir>/sft`` (cached there), else the ``--sft_adapter`` or the base model as it is. Writes
+    ``<start_dir>/start.json`` last and returns it: ``{"start": path, "base_model": path, "warm_start_trained",
+    "seed"}``.
+    """
+    import torch
+
+    from recruit_trl.training.warm_start import run_warm_start
+
+    module = load_recipe(Path(recipe))
+    script_args, training_args, model_args = parse_recipe_flags(
+        module, [*flags, "--output_dir", str(start_dir), "--report", "false"]
+    )
+    if not torch.cuda.is_available():  # as the pipeline: every core for this one process
+        torch.set_num_threads(max(1, os.cpu_count() or 2))
+    interface = get_env_interface(script_args.env_name)
+    with_env_tasks(script_args, interface)
+    model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
+    training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
+    trained = script_args.sft_adapter is None and script_args.warm_start == "auto"
+    if trained:
+        start = run_warm_start(script_args, training_args, model_args, model_path)
+    else:
+        start = script_args.sft_adapter or model_path
+    info = {"start": str(start), "base_model": model_path, "warm_start_trained": trained, "seed": training_args.seed}
+    write_json_atomic(Path(start_dir) / START_FILE, info)
+    return info
+
+
+def start_built(plan: Plan) -> dict[str, Any] | None:
+    """The start's ``start.json`` when the start is built (a trained warm start: its weights open)."""
+    info = read_json(plan.start_dir / START_FILE)
+    if not isinstance(info, dict) or not info.get("start"):
+        return None
+    return None if info.get("warm_start_trained") and not is_trained(info["start"]) else info
+
+
+def run_finished(folder: Path) -> bool:
+    """Whether an RL run finished in ``folder`` (:func:`recruit_trl.pipeline.rl_finished`: its marker, written last,
+    the trainer state, and saved weights that open)."""
+    return (
+        read_json(folder / RL_FINISHED) is not None
+        and read_json(folder / TRAINER_STATE) is not None
+        and is_trained(folder)
+    )
+
+
+def run_logged(argv: Sequence[str], log: Path) -> int:
+    """Run ``argv`` with its output appended to ``log`` (the command first); returns its exit status."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a", encoding="utf-8") as stream:
+        stream.write(f"$ {shlex.join(argv)}\n")
+        stream.flush()
+        return subprocess.run(list(argv), stdout=stream, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+
+
+# --------------------------------------------------------------------------------------------------
+# evaluation and curves
+
+
+def eval_file(folder: Path, decoding: str) -> Path:
+    return folder / "eval" / f"learning_check_{decoding}.json"
+
+
+def pick_metric(rows: Sequence[Mapping[str, Any]], metric: str | None) -> str:
+    """``metric``, else the first of :data:`METRICS` that the rows carry (``win_rate`` for conquest)."""
+    if metric:
+        return metric
+    return next((m for m in METRICS if rows and all(r.get(m) is not None for r in rows)), METRICS[-1])
+
+
+def curve_key(mode: str, history: Sequence[Mapping[str, Any]]) -> str:
+    """The on-policy training curve: the episodes' outcome in episode mode (when logged), else the mean reward."""
+    if mode == "episode" and any("episode/outcome" in h for h in history):
+        return "episode/outcome"
+    return "reward"
+
+
+def training_curve(folder: Path, key: str) -> tuple[list[int], list[float]]:
+    """``(steps, values)`` of ``key`` in the run's ``trainer_state.json`` log history."""
+    state = read_json(folder / TRAINER_STATE) or {}
+    rows = [h for h in state.get("log_history", []) if h.get(key) is not None and "step" in h]
+    return [h["step"] for h in rows], [float(h[key]) for h in rows]
+
+
+def plot_curves(curves: Mapping[str, Mapping[int, tuple[list[int], list[float]]]], key: str, path: Path) -> Path:
+    """Both arms' training curves: a thin line per seed, a thick one for the mean across seeds at each step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for color, (arm, runs) in zip(("tab:blue", "tab:orange"), curves.items(), strict=False):
+        by_step: dict[int, list[float]] = {}
+        for steps, values in runs.values():
+            ax.plot(steps, values, color=color, linewidth=0.7, alpha=0.35)
+            for step, value in zip(steps, values, strict=True):
+                by_step.setdefault(step, []).append(value)
+        steps = sorted(by_step)
+        means = [sum(by_step[s]) / len(by_step[s]) for s in steps]
+        ax.plot(steps, means, color=color, linewidth=2, marker="o" if len(steps) < 3 else None,
+                label=f"{arm} (mean of {len(runs)} seeds)")  # fmt: skip
+    ax.set_xlabel("step")
+    ax.set_ylabel(key)
+    ax.set_title(f"Training curves, {key} (thin: each seed)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = save_figure_atomic(fig, path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# the check
+
+
+def run_learning_check(plan: Plan, progress: bool = True) -> int:
+    """Build the start, train both arms on every seed, evaluate, print the summary, write the JSON and the PNG.
+
+    Finished runs and evaluations are kept and skipped on a re-run; a run or an evaluation that fails is reported
+    and the check goes on with the others. Returns 0 when everything ran, 1 when something failed (the summary and
+    the JSON then hold what finished).
+    """
+    out = plan.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / FLAGS_FILE).is_file():  # make_plan refused another check's folder: this one is ours
+        write_json_atomic(out / FLAGS_FILE, {"recipe": str(plan.recipe), "flags": plan.flags})
+    commands: list[dict[str, Any]] = []
+    failures: list[str] = []
+    start = prepare_start(plan, commands)
+    if start is None:
+        print(f"error: the start failed; see {plan.start_dir / LOG_FILE}", file=sys.stderr)
+        return 1
+    runs = train_runs(plan, commands, failures, progress)
+    rows, evaluations = evaluate_models(plan, start, runs, failures, progress)
+
+    # The metric, the summary, the curves and the JSON.
+    results = [r["result"] for r in rows]
+    metric = pick_metric([r["result"] for r in rows if r["arm"] == "start"] or results, plan.metric)
+    if results and all(r.get(metric) is None for r in results):  # e.g. a misspelt --metric
+        numbers = sorted(k for k, v in results[0].items() if isinstance(v, int | float) and not isinstance(v, bool))
+        failures.append(f"no result row carries the metric {metric!r}; the rows' numbers: {', '.join(numbers)}")
+    start_rows = [{"task": r["task"], "decoding": r["decoding"], "value": r["result"].get(metric)} for r in rows
+                  if r["arm"] == "start"]  # fmt: skip
+    model_rows = [{"arm": r["arm"], "seed": r["seed"], "task": r["task"], "decoding": r["decoding"],
+                   "value": r["result"].get(metric)} for r in rows if r["arm"] != "start"]  # fmt: skip
+    summary = summarize(model_rows, start_rows, plan.tasks)
+    print()
+    print(f"learning check: {plan.recipe.name}, {metric} on held-out seeds {short_range(plan.eval_seeds)}, training "
+          f"seeds {short_range(plan.seeds)}, start {start['start']}")  # fmt: skip
+    print(format_summary(summary, metric))
+    key, curves = training_curves([r for r in runs if r["status"] != "failed"], plan.mode)
+    png = plot_curves(curves, key, out / CURVES_PNG) if any(curves.values()) else None
+    decodings = plan.decodings()
+    report = {
+        "recipe": str(plan.recipe),
+        "recipe_flags": plan.flags,
+        "output_dir": str(out),
+        "env": plan.env,
+        "tasks": plan.tasks,
+        "mode": plan.mode,
+        "seeds": plan.seeds,
+        "eval_seeds": plan.eval_seeds,
+        "metric": metric,
+        "decodings": {name: {"temperature": cfg.temperature, "top_p": cfg.top_p} for name, cfg in decodings.items()},
+        "eval_config": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.eval_config.__dict__.items()},
+        "start": {**start, "rows": start_rows},
+        "rows": model_rows,
+        "summary": summary,
+        "runs": runs,
+        "evaluations": evaluations,
+        "failures": failures,
+        "curves": {
+            "metric": key,
+            "png": str(png) if png else None,
+            "runs": {arm: {seed: {"step": s, "value": v} for seed, (s, v) in c.items()} for arm, c in curves.items()},
+        },
+        "commands": commands,
+        "versions": versions(),
+    }
+    write_json_atomic(plan.json_path, report)
+    print(f"\nwrote {plan.json_path}" + (f" and {png}" if png else ""))
+    for failure in failures:
+        print(f"error: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def prepare_start(plan: Plan, commands: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The start's ``start.json``: read back when built before, written for a :attr:`Plan.known_start`, else built
+    by :func:`build_start`'s process (its command appended to ``commands``); ``None`` when that failed."""
+    start = start_built(plan)
+    if start is None and plan.known_start:  # nothing to build: the given adapter or model folder
+        start = {"start": plan.known_start, "base_model": None, "warm_start_trained": False}
+        write_json_atomic(plan.start_dir / START_FILE, start)
+    argv = start_command(plan)
+    shown = shlex.join(argv) if plan.known_start is None else None  # no command builds a known start
+    commands.append({"what": "start", "command": shown, "skipped": start is not None})
+    if start is not None:
+        print(f"start already built: {start['start']}", flush=True)
+        return start
+    print(f"building the start in {plan.start_dir} (log: {plan.start_dir / LOG_FILE})", flush=True)
+    started = time.perf_counter()
+    code = run_logged(argv, plan.start_dir / LOG_FILE)
+    start = start_built(plan)
+    if code == 0 and start is not None:
+        print(f"start built in {time.perf_counter() - started:.0f} s: {start['start']}", flush=True)
+    return start
+
+
+def train_runs(plan: Plan, commands: list[dict[str, Any]], failures: list[str], progress: bool) -> list[dict]:
+    """Train every seed in both arms, seed by seed (an interrupted check still has pairs), each in its own process;
+    a finished run is skipped, a failed one added to ``failures``. Returns a record per run (status, log, seconds)."""
+    runs = []
+    jobs = [(arm, seed) for seed in plan.seeds for arm in ARMS]
+    bar = tqdm(jobs, desc="training runs", unit="run", disable=not progress, dynamic_ncols=True)
+    for arm, seed in bar:
+        folder, argv = plan.run_dir(arm, seed), run_command(plan, arm, seed)
+        run = {"arm": arm, "seed": seed, "output_dir": str(folder), "log": str(folder / LOG_FILE)}
+        if run_finished(folder):
+            run.update(status="skipped (finished before)", returncode=0)
+        else:
+            bar.set_postfix_str(f"{arm} seed {seed}")
+            started = time.perf_counter()
+            code = run_logged(argv, folder / LOG_FILE)
+            run.update(returncode=code, seconds=round(time.perf_counter() - started, 1))
+            run["status"] = "trained" if code == 0 and run_finished(folder) else "failed"
+            tqdm.write(f"{arm} seed {seed}: {run['status']} in {run['seconds']:.0f} s (log: {run['log']})")
+            if run["status"] == "failed":
+                failures.append(f"{arm} seed {seed}: training failed (exit status {code}); see {run['log']}")
+        skipped = run["status"].startswith("skipped")
+        commands.append({"what": f"{arm} seed {seed}", "command": shlex.join(argv), "skipped": skipped})
+        runs.append(run)
+    bar.close()
+    return runs
+
+
+def evaluate_models(
+    plan: Plan, start: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], failures: list[str], progress: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Evaluate the start and every trained model, greedy and sampled, each cached in its folder
+    (:func:`eval_file`); a model that cannot be evaluated is added to ``failures``.
+
+    Returns:
+        ``(rows, evaluations)``: ``{"arm" ("start" for the start), "seed", "task", "decoding", "result"}`` per result
+        row, and a record per evaluation (model, label, decoding, file).
+    """
+    models = [("start", "start", None, plan.start_dir, start["start"])]
+    models += [(f"{r['arm']}_seed{r['seed']}", r["arm"], r["seed"], Path(r["output_dir"]), r["output_dir"])
+               for r in runs if r["status"] != "failed"]  # fmt: skip
+    decodings = plan.decodings()
+    rows, evaluations = [], []
+    jobs = [(m, d) for m in models for d in decodings]
+    bar = tqdm(jobs, desc="evaluations", unit="model", disable=not progress, dynamic_ncols=True)
+    for (label, arm, seed, folder, model), decoding in bar:
+        bar.set_postfix_str(f"{label} {decoding}")
+        path = eval_file(folder, decoding)
+        try:
+            part = evaluate_cached(f"model:{model}", decodings[decoding], label, path, progress=False)
+        except Exception as exc:  # a model that cannot be evaluated is reported; the others still are
+            failures.append(f"{label} {decoding}: evaluation failed: {type(exc).__name__}: {exc}")
+            tqdm.write(f"error: {failures[-1]}")
+            continue
+        evaluations.append({"model": model, "label": label, "decoding": decoding, "file": str(path)})
+        rows += [{"arm": arm, "seed": seed, "task": r["task"], "decoding": decoding, "result": r}
+                 for r in part["results"]]  # fmt: skip
+    bar.close()
+    return rows, evaluations
+
+
+def training_curves(
+    runs: Sequence[Mapping[str, Any]], mode: str
+) -> tuple[str, dict[str, dict[int, tuple[list[int], list[float]]]]]:
+    """``(key, {arm: {seed: (steps, values)}})``: the finished runs' on-policy training curves (:func:`curve_key`)."""
+    histories = [(read_json(Path(r["output_dir"]) / TRAINER_STATE) or {}).get("log_history", []) for r in runs]
+    key = curve_key(mode, [h for history in histories for h in history])
+    curves = {arm: {r["seed"]: training_curve(Path(r["output_dir"]), key) for r in runs if r["arm"] == arm}
+              for arm in ARMS}  # fmt: skip
+    return key, curves
+
+
+def short_range(seeds: Sequence[int]) -> str:
+    """``[0, 1, 2]`` -> ``0-2``; a list that is not one run of consecutive seeds as ``3,7,9``."""
+    if seeds and list(seeds) == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
+    return ",".join(map(str, seeds))
+
+
+if __name__ == "__main__":  # the start's process: python -m recruit_trl.learning_check RECIPE START_DIR -- FLAGS
+    recipe_file, folder, separator, *recipe_flags = sys.argv[1:]
+    if separator != "--":
+        sys.exit("usage: python -m recruit_trl.learning_check RECIPE START_DIR -- RECIPE_FLAGS")
+    print(build_start(recipe_file, folder, recipe_flags))

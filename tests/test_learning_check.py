@@ -1,0 +1,321 @@
+"""``recruit-trl learning-check``: its statistics against hand computations, its argument checks (refused before
+anything trains) and the real command on the toy environment, twice (the second time everything is skipped)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from recruit_trl.cli import main
+from recruit_trl.learning_check import (
+    FLAGS_FILE,
+    format_summary,
+    mean_se,
+    own_flags_in,
+    paired_differences,
+    summarize,
+)
+
+ROOT = Path(__file__).parents[1]
+# A toy run small enough for a test: both toy tasks, one anchor seed, a few anchor days, batches of 8 (4 generations).
+TOY_FLAGS = [
+    "--env", "tests.toy_env:TOY", "--warm_start", "none", "--max_steps", "2", "--tasks", "near", "far",
+    "--anchor_seeds", "100", "--anchor_days", "0-6:3", "--per_device_train_batch_size", "8", "--num_generations", "4",
+    "--save_strategy", "no", "--eval_workers", "1", "--learning_rate", "0.02",
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def importable(monkeypatch):
+    """``tests.toy_env`` is imported from the repository root (as ``python -m pytest`` there does anyway)."""
+    monkeypatch.syspath_prepend(str(ROOT))
+
+
+# --------------------------------------------------------------------------------------------------
+# statistics, by hand
+
+
+def test_mean_and_standard_error_by_hand():
+    # mean 2.5; sample variance (2.25 + 0.25 + 0.25 + 2.25) / 3 = 5/3; se = sqrt(5/3 / 4)
+    stats = mean_se([1.0, 2.0, 3.0, 4.0])
+    assert stats["n"] == 4 and stats["mean"] == 2.5
+    assert stats["se"] == pytest.approx(math.sqrt(5 / 12))
+    assert mean_se([0.7]) == {"n": 1, "mean": 0.7, "se": None}
+    assert mean_se([]) == {"n": 0, "mean": None, "se": None}
+
+
+def test_paired_differences_by_hand():
+    credit = {0: 0.5, 1: 0.7, 2: 0.6, 3: 0.9}  # seed 3 has no control: not paired
+    control = {0: 0.4, 1: 0.5, 2: 0.6}
+    # d = 0.1, 0.2, 0.0: mean 0.1, sd sqrt((0 + 0.01 + 0.01) / 2) = 0.1, se 0.1 / sqrt(3), t = sqrt(3) on 2 df
+    paired = paired_differences(credit, control)
+    assert paired["seeds"] == [0, 1, 2] and paired["diffs"] == pytest.approx([0.1, 0.2, 0.0])
+    assert paired["n"] == 3 and paired["df"] == 2
+    assert paired["mean"] == pytest.approx(0.1)
+    assert paired["se"] == pytest.approx(0.1 / math.sqrt(3))
+    assert paired["t"] == pytest.approx(math.sqrt(3))
+    one = paired_differences({0: 0.5}, {0: 0.25})
+    assert one["n"] == 1 and one["mean"] == 0.25 and one["se"] is None and one["t"] is None and one["df"] is None
+    flat = paired_differences({0: 0.5, 1: 0.6}, {0: 0.25, 1: 0.35})  # the same difference twice: se 0, no t
+    assert flat["se"] == 0 and flat["t"] is None and flat["df"] == 1
+
+
+def test_summary_by_hand():
+    values = {  # (arm, seed) -> (task a, task b)
+        ("credit", 0): (0.6, 0.2), ("credit", 1): (0.8, 0.4),
+        ("control", 0): (0.5, 0.3), ("control", 1): (0.5, 0.1),
+    }  # fmt: skip
+    rows = [
+        {"arm": arm, "seed": seed, "task": task, "decoding": "greedy", "value": v}
+        for (arm, seed), pair in values.items()
+        for task, v in zip("ab", pair, strict=True)
+    ]
+    start = [{"task": "a", "decoding": "greedy", "value": 0.5}, {"task": "b", "decoding": "greedy", "value": 0.1}]
+    summary = summarize(rows, start, ["a", "b"])
+    assert list(summary) == ["greedy"] and list(summary["greedy"]) == ["a", "b", "mean"]
+    a = summary["greedy"]["a"]
+    assert a["credit"]["mean"] == pytest.approx(0.7) and a["credit"]["se"] == pytest.approx(0.1)
+    assert a["credit"]["values"] == {0: 0.6, 1: 0.8}
+    assert a["control"]["mean"] == pytest.approx(0.5) and a["control"]["se"] == 0
+    assert a["start"] == 0.5 and a["credit_minus_start"] == pytest.approx(0.2) and a["control_minus_start"] == 0
+    # a: d = 0.1, 0.3 -> mean 0.2, se = sd / sqrt(2) = sqrt(0.02) / sqrt(2) = 0.1, t = 2 on 1 df
+    assert a["credit_minus_control"]["mean"] == pytest.approx(0.2)
+    assert a["credit_minus_control"]["se"] == pytest.approx(0.1)
+    assert a["credit_minus_control"]["t"] == pytest.approx(2.0) and a["credit_minus_control"]["df"] == 1
+    # the mean over tasks per seed: credit 0.4, 0.6; control 0.4, 0.3; start 0.3; d = 0.0, 0.3
+    mean = summary["greedy"]["mean"]
+    assert mean["credit"]["values"] == pytest.approx({0: 0.4, 1: 0.6})
+    assert mean["control"]["values"] == pytest.approx({0: 0.4, 1: 0.3})
+    assert mean["start"] == pytest.approx(0.3) and mean["credit_minus_start"] == pytest.approx(0.2)
+    assert mean["credit_minus_control"]["diffs"] == pytest.approx([0.0, 0.3])
+    assert mean["credit_minus_control"]["t"] == pytest.approx(0.15 / 0.15)
+    text = format_summary(summary, "final_score_mean")
+    assert "final_score_mean, greedy:" in text and "+0.200 ± 0.100  t = 2.00 (df 1)" in text
+
+
+def test_summary_of_one_seed_says_there_is_no_t():
+    rows = [{"arm": arm, "seed": 0, "task": "a", "decoding": "sampled", "value": v} for arm, v in
+            (("credit", 0.5), ("control", 0.25))]  # fmt: skip
+    summary = summarize(rows, [], ["a"])
+    paired = summary["sampled"]["a"]["credit_minus_control"]
+    assert paired["n"] == 1 and paired["t"] is None and summary["sampled"]["a"]["start"] is None
+    assert "+0.250 (n 1: no SE, no t)" in format_summary(summary, "win_rate")
+
+
+# --------------------------------------------------------------------------------------------------
+# argument checks: refused with one line before anything trains
+
+
+def test_the_flags_the_check_sets_itself_are_found_in_every_spelling():
+    flags = ["--seed", "1", "--output-dir=x", "--report_to", "none", "--shuffle_advantages", "true", "--report=false"]
+    assert own_flags_in(flags) == ["--seed", "--output_dir", "--shuffle_advantages", "--report"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["no_such_recipe", "--"], "unknown recipe 'no_such_recipe'"),
+        (["grpo_clinical", "--seeds", "3-1", "--"], "--seeds: bad range '3-1'"),
+        (["grpo_clinical", "--eval_seeds", "x", "--"], "--eval_seeds: bad range 'x'"),
+        (["grpo_clinical", "--", "--seed", "1"], "the check sets --seed for every run itself"),
+        (["grpo_clinical", "--", "--shuffle_advantages", "true"], "the check sets --shuffle_advantages"),
+        (["grpo_clinical", "--", "--output-dir=elsewhere"], "the check sets --output_dir"),
+        (["grpo_clinical", "--", "--report", "false"], "the check sets --report"),
+        (["grpo_clinical", "--", "--no_such_flag", "1"], "grpo_clinical.py refuses the recipe flags: Some"),
+        (["grpo_clinical", "--", "--max_steps", "x"], "refuses the recipe flags: argument --max_steps"),
+        (["grpo_clinical", "--", "--warm_start", "later"], "--warm_start must be auto or none"),
+        (["sft_clinical", "--"], "sft_clinical.py is not an RL recipe"),
+    ],
+)
+def test_bad_arguments_are_refused_before_training(argv, message, tmp_path, capsys):
+    out = tmp_path / "check"
+    command = ["learning-check", argv[0], "--output_dir", str(out), *argv[1:]]
+    cut = command.index("--")
+    command[cut + 1 : cut + 1] = TOY_FLAGS if argv[0] == "grpo_clinical" else []
+    assert main(command) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("recruit-trl learning-check")]
+    assert len(errors) == 1 and message in errors[0], errors
+    assert not out.exists()  # nothing was written, nothing trained
+
+
+def test_a_folder_of_another_checks_flags_is_refused(tmp_path, capsys):
+    out = tmp_path / "check"
+    out.mkdir()
+    (out / FLAGS_FILE).write_text(json.dumps({"recipe": "other.py", "flags": ["--max_steps", "9"]}))
+    assert main(["learning-check", "grpo_clinical", "--output_dir", str(out), "--", *TOY_FLAGS]) == 2
+    assert "holds a learning check of other.py" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == [FLAGS_FILE]
+
+
+# --------------------------------------------------------------------------------------------------
+# a crashed run is reported, the others go on; a re-run retries it only
+
+STAND_IN_RECIPE = """
+\"\"\"A stand-in RL recipe: grpo_clinical's flags; its run copies the start model into --output_dir with a made-up
+trainer state (no training), and crashes for --seed 1.\"\"\"
+import argparse
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+CALLS = Path({calls!r})
+
+
+def parse_args(argv=None):
+    spec = importlib.util.spec_from_file_location("stand_in_grpo_clinical", {recipe!r})
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    for name in ("--seed", "--shuffle_advantages", "--output_dir", "--model_name_or_path"):
+        parser.add_argument(name)
+    args, _ = parser.parse_known_args()
+    with CALLS.open("a") as calls:
+        calls.write(f"{{args.shuffle_advantages}} {{args.seed}}\\n")
+    if args.seed == "1":
+        sys.exit("crashed on purpose")
+    out = Path(args.output_dir)
+    shutil.copytree(args.model_name_or_path, out, dirs_exist_ok=True)
+    log = [{{"step": step, "reward": step / 2}} for step in (1, 2)]
+    (out / "trainer_state.json").write_text(json.dumps({{"log_history": log}}))
+    (out / "run_info.json").write_text("{{}}")
+"""
+
+
+@pytest.fixture
+def one_thread():
+    """Evaluations in this process on one torch thread: on a busy 2-core machine two threads of a tiny model wait on
+    each other (OMP_NUM_THREADS=1 does the same for the command's own process below)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_crashed_run_is_reported_and_retried_alone(warm_model, tmp_path, capsys, one_thread):
+    recipe, calls, out = tmp_path / "stand_in.py", tmp_path / "calls.txt", tmp_path / "check"
+    recipe.write_text(STAND_IN_RECIPE.format(calls=str(calls), recipe=str(ROOT / "recipes" / "grpo_clinical.py")))
+    command = ["learning-check", str(recipe), "--seeds", "0-1", "--eval_seeds", "0", "--output_dir", str(out),
+               "--no_progress", "--", *TOY_FLAGS, "--model_name_or_path", warm_model]  # fmt: skip
+    assert main(command) == 1  # something failed; what finished is reported
+    report = json.loads((out / "learning_check.json").read_text())
+    assert [(r["arm"], r["seed"], r["status"]) for r in report["runs"]] == [
+        ("credit", 0, "trained"), ("control", 0, "trained"), ("credit", 1, "failed"), ("control", 1, "failed"),
+    ]  # fmt: skip
+    assert len(report["failures"]) == 2 and "credit seed 1: training failed (exit status 1)" in report["failures"][0]
+    assert "crashed on purpose" in (out / "credit_seed1" / "train.log").read_text()
+    assert {r["seed"] for r in report["rows"]} == {0} and report["start"]["start"] == warm_model
+    assert report["summary"]["greedy"]["mean"]["credit_minus_control"]["n"] == 1
+    assert report["curves"]["runs"]["credit"] == {"0": {"step": [1, 2], "value": [0.5, 1.0]}}
+    assert (out / "learning_curves.png").is_file()
+    assert "error: credit seed 1: training failed" in capsys.readouterr().err
+    assert main(command) == 1  # the finished runs are kept; only the crashed ones run again
+    assert calls.read_text().splitlines() == ["false 0", "true 0", "false 1", "true 1", "false 1", "true 1"]
+
+
+# --------------------------------------------------------------------------------------------------
+# the real command on the toy environment
+
+
+def learning_check(out: Path, seeds: str, warm_model: str) -> tuple[subprocess.CompletedProcess, float]:
+    """``recruit-trl learning-check grpo_clinical`` on the toy walk in a subprocess; (process, seconds)."""
+    command = [str(Path(sys.executable).parent / "recruit-trl"), "learning-check", "grpo_clinical", "--seeds", seeds,
+               "--eval_seeds", "0-1", "--output_dir", str(out), "--no_progress", "--",
+               *TOY_FLAGS, "--model_name_or_path", warm_model]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    started = time.perf_counter()
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    return proc, time.perf_counter() - started
+
+
+def check_report(out: Path, seeds: list[int]) -> dict:
+    """The JSON file's rows, start, summary, runs and commands, and the curves' PNG, for ``seeds``."""
+    report = json.loads((out / "learning_check.json").read_text())
+    assert report["metric"] == "final_score_mean" and report["eval_seeds"] == [0, 1] and report["seeds"] == seeds
+    assert set(report["decodings"]) == {"greedy", "sampled"} and report["decodings"]["sampled"]["temperature"] == 1.0
+    keys = {(r["arm"], r["seed"], r["task"], r["decoding"]) for r in report["rows"]}
+    assert keys == {(a, s, t, d) for a in ("credit", "control") for s in seeds for t in ("near", "far")
+                    for d in ("greedy", "sampled")}  # fmt: skip
+    assert all(0.0 <= r["value"] <= 1.0 for r in report["rows"])
+    assert {(r["task"], r["decoding"]) for r in report["start"]["rows"]} == {
+        (t, d) for t in ("near", "far") for d in ("greedy", "sampled")
+    }
+    for decoding in ("greedy", "sampled"):
+        assert list(report["summary"][decoding]) == ["near", "far", "mean"]
+        for cell in report["summary"][decoding].values():
+            assert cell["credit"]["n"] == cell["control"]["n"] == len(seeds)
+            assert cell["credit_minus_control"]["n"] == len(seeds)
+    assert [c["what"] for c in report["commands"]] == ["start"] + [
+        f"{arm} seed {s}" for s in seeds for arm in ("credit", "control")
+    ]
+    for run in report["runs"]:
+        command = next(c["command"] for c in report["commands"] if c["what"] == f"{run['arm']} seed {run['seed']}")
+        shuffled = "true" if run["arm"] == "control" else "false"
+        assert f"--seed {run['seed']} --shuffle_advantages {shuffled} " in command and "--report false" in command
+        assert Path(run["log"]).is_file()
+    assert report["curves"]["metric"] == "reward" and (out / "learning_curves.png").stat().st_size > 0
+    assert set(report["curves"]["runs"]) == {"credit", "control"}
+    assert report["failures"] == [] and report["versions"]["recruit_trl"]
+    return report
+
+
+def check_rerun_skips_everything(out: Path, seeds: list[int], warm_model: str, first: float) -> None:
+    """A second run of the same command trains and evaluates nothing, and says the same."""
+    evals = sorted(out.rglob("eval/learning_check_*.json"))
+    assert len(evals) == 2 * (1 + 2 * len(seeds))  # the start and every model, greedy and sampled
+    stamps = [p.stat().st_mtime_ns for p in evals]
+    before = json.loads((out / "learning_check.json").read_text())
+    proc, seconds = learning_check(out, ",".join(map(str, seeds)), warm_model)
+    report = json.loads((out / "learning_check.json").read_text())
+    assert all(c["skipped"] for c in report["commands"])
+    assert all(r["status"].startswith("skipped") for r in report["runs"])
+    assert [p.stat().st_mtime_ns for p in evals] == stamps  # every evaluation read back from its file
+    assert report["summary"] == before["summary"] and report["rows"] == before["rows"]
+    assert "start already built" in proc.stdout and seconds < first
+
+
+def test_learning_check_one_seed_end_to_end_and_rerun(warm_model, tmp_path):
+    """One training seed per arm through the real subprocesses: the JSON, the summary (no t on one pair) and the PNG;
+    then the same command again skips every run and evaluation."""
+    out = tmp_path / "check"
+    proc, first = learning_check(out, "0", warm_model)
+    report = check_report(out, [0])
+    paired = report["summary"]["greedy"]["mean"]["credit_minus_control"]
+    assert paired["n"] == 1 and paired["t"] is None
+    assert "n 1: no SE, no t" in proc.stdout and "credit-control (by seed)" in proc.stdout
+    assert report["start"]["start"] == warm_model and not report["start"]["warm_start_trained"]
+    check_rerun_skips_everything(out, [0], warm_model, first)
+
+
+@pytest.mark.slow
+def test_learning_check_two_seeds_end_to_end_and_rerun(warm_model, tmp_path):
+    """Two training seeds per arm: the paired summary has its t on 1 degree of freedom wherever the differences
+    vary; the re-run skips everything."""
+    out = tmp_path / "check"
+    proc, first = learning_check(out, "0-1", warm_model)
+    report = check_report(out, [0, 1])
+    cells = [cell["credit_minus_control"] for cells in report["summary"].values() for cell in cells.values()]
+    for paired in cells:
+        assert paired["n"] == 2 and paired["df"] == 1
+        if paired["se"]:
+            assert paired["t"] == pytest.approx(paired["mean"] / paired["se"])
+    assert any(paired["t"] is not None for paired in cells), cells
+    assert "t = " in proc.stdout
+    check_rerun_skips_everything(out, [0, 1], warm_model, first)
