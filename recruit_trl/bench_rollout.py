@@ -8,7 +8,8 @@ with no warm start and no final evaluation: ``--warm_start none --report false``
 for either is an error. ``--steps`` sets ``--max_steps``; nothing is saved.
 
 Reported (medians over the steps after the first, which pays for warm-up and anchor replay):
-seconds per optimizer step, generated tokens per environment decision, prompt tokens per decision, the
+seconds per optimizer step, decisions the policy played and decisions trained on per second of a step (one rollout
+call per optimizer step, TRL's default), generated tokens per environment decision, prompt tokens per decision, the
 environment's share of rollout time, environment steps per sample, and the fraction of zero-variance groups.
 """
 
@@ -51,6 +52,13 @@ class BenchArguments:
     json: str | None = field(default=None, metadata={"help": "Also write the figures to this JSON file."})
 
 
+# Per second of an optimizer step: (the figure, the logged count per rollout call).
+RATES = {
+    "decisions_played_per_second": "rollout/decisions",
+    "decisions_trained_per_second": "rollout/decisions_trained",
+}
+
+
 def summarize(log_history: list[dict]) -> dict:
     steps = [h for h in log_history if "step_time" in h]
     measured = steps[1:] or steps
@@ -58,6 +66,9 @@ def summarize(log_history: list[dict]) -> dict:
     for name, key in FIGURES.items():
         values = [float(h[key]) for h in measured if h.get(key) is not None]
         out[name] = round(statistics.median(values), 4) if values else None
+    for name, key in RATES.items():
+        values = [float(h[key]) / float(h["step_time"]) for h in measured if h.get(key) and float(h["step_time"]) > 0]
+        out[name] = round(statistics.median(values), 2) if values else None
     out["steps_measured"] = len(measured)
     return out
 

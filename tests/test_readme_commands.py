@@ -216,6 +216,23 @@ def test_bench_rollout_commands(warm_model, tmp_path):
         argv = [*shlex.split(command), "--steps", "2", "--model_name_or_path", warm_model, *TINY]
         proc = run(argv, cwd=ROOT, env=ENV)
         assert "seconds_per_step" in proc.stdout
+        played = next(line for line in proc.stdout.splitlines() if line.startswith("decisions_played_per_second"))
+        assert float(played.split()[1]) > 0
+
+
+def test_bench_rollout_rates_are_per_second_of_a_step_by_hand():
+    from recruit_trl.bench_rollout import summarize
+
+    history = [
+        {"step_time": 9.0, "rollout/decisions": 90.0, "rollout/decisions_trained": 9.0},  # warm-up: left out
+        {"step_time": 2.0, "rollout/decisions": 100.0, "rollout/decisions_trained": 32.0},
+        {"step_time": 4.0, "rollout/decisions": 100.0, "rollout/decisions_trained": 32.0},
+        {"step_time": 1.0, "rollout/decisions": 60.0, "rollout/decisions_trained": 32.0},
+    ]
+    figures = summarize(history)
+    assert figures["decisions_played_per_second"] == 50.0  # median of 50, 25, 60
+    assert figures["decisions_trained_per_second"] == 16.0  # median of 16, 8, 32
+    assert figures["seconds_per_step"] == 2.0 and figures["steps_measured"] == 3
 
 
 def test_env_bench_command(tmp_path):

@@ -209,6 +209,9 @@ def test_metrics_are_logged_through_the_trainer(tokenizer):
     assert logged["rollout/action_type/screen_patient"] == 0.5
     assert logged["rollout/gen_tokens_per_decision"] == 8.0
     assert logged["rollout/action_entropy"] == pytest.approx(0.6931, abs=1e-4)
+    assert logged["rollout/decisions"] == 2.0 and logged["rollout/decisions_trained"] == 2.0  # every one by default
+    rollout.log_metrics(Trainer(), rows, seconds=2.0, gen_tokens=16, decisions=40, trained=2)
+    assert logged["rollout/decisions"] == 40.0 and logged["rollout/decisions_trained"] == 2.0
 
 
 def test_branch_scores_each_distinct_action_once_over_several_continuations(tokenizer, monkeypatch):

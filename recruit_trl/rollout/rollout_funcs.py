@@ -131,9 +131,17 @@ class _RolloutBase:
         return self._prompt_ids[key]
 
     def log_metrics(
-        self, trainer, rows: list[dict], seconds: float, gen_tokens: int, decisions: int, prompt_tokens: int = 0
+        self,
+        trainer,
+        rows: list[dict],
+        seconds: float,
+        gen_tokens: int,
+        decisions: int,
+        prompt_tokens: int = 0,
+        trained: int | None = None,
     ) -> None:
-        """Collapse and cost metrics, averaged over processes by TRL (``_log_metric``)."""
+        """Collapse and cost metrics, averaged over processes by TRL (``_log_metric``): ``decisions`` the policy
+        answered in the call, ``trained`` of them handed to the trainer (default: all)."""
         log = getattr(trainer, "_log_metric", None)
         if log is None or not rows:
             return
@@ -153,6 +161,8 @@ class _RolloutBase:
         log("rollout/gen_tokens_per_decision", gen_tokens / max(1, decisions))
         log("rollout/prompt_tokens_per_decision", prompt_tokens / max(1, decisions))
         log("rollout/seconds", seconds)
+        log("rollout/decisions", float(decisions))
+        log("rollout/decisions_trained", float(decisions if trained is None else trained))
 
     def _generate(self, trainer, model, tokenizer, generation_config, prompt_ids, candidates):
         """One decision per prompt; with ``constrained_decoding``, only the texts that take one of ``candidates``."""
@@ -570,7 +580,9 @@ class EpisodeRollout(_RolloutBase):
         self._log_episodes(trainer, episodes, group_stats, decisions, mean_advantage)
         gen_tokens = sum(len(r["completion_ids"]) for r in decisions)
         prompt_tokens = sum(len(r["prompt_ids"]) for r in decisions)
-        self.log_metrics(trainer, decisions, time.perf_counter() - start, gen_tokens, len(decisions), prompt_tokens)
+        self.log_metrics(
+            trainer, decisions, time.perf_counter() - start, gen_tokens, len(decisions), prompt_tokens, len(chosen)
+        )
         return out
 
     def _group_size(self, trainer, anchors: list[Anchor]) -> int:
