@@ -36,12 +36,15 @@ from __future__ import annotations
 import os
 import sys
 
+# recruit_trl before TRL: importing it keeps off the console a notice that TRL's own import would print
+from recruit_trl.training.parsing import RecipeParser, parse_or_exit
+
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer, ModelConfig  # noqa: E402
 
 from recruit_trl.pipeline import run_rl  # noqa: E402
-from recruit_trl.training.arguments import ScriptArguments  # noqa: E402
+from recruit_trl.training.arguments import ScriptArguments, check_rl_arguments  # noqa: E402
 from recruit_trl.training.defaults import recipe_defaults  # noqa: E402
 
 
@@ -53,10 +56,15 @@ def main(
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, GRPOConfig, ModelConfig]:
-    parser = TrlParser((ScriptArguments, GRPOConfig, ModelConfig))
+    """Step 1 above, every value checked before any model is built.
+
+    Raises:
+        ValueError: one line naming the flag, its value and what it takes.
+    """
+    parser = RecipeParser((ScriptArguments, GRPOConfig, ModelConfig))
     parser.set_defaults(**recipe_defaults("rl", "grpo_conquest", "conquest", sys.argv[1:] if argv is None else argv))
-    return parser.parse_args_and_config(args=argv)
+    return check_rl_arguments(*parser.parse_args_and_config(args=argv))
 
 
 if __name__ == "__main__":
-    main(*parse_args())
+    main(*parse_or_exit(parse_args))

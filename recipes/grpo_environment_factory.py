@@ -39,10 +39,13 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+# recruit_trl before TRL: importing it keeps off the console a notice that TRL's own import would print
+from recruit_trl.training.parsing import RecipeParser, parse_or_exit
+
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from transformers import AutoTokenizer  # noqa: E402
-from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer, ModelConfig, get_peft_config  # noqa: E402
 
 from recruit_trl import environment_factory, get_env_interface  # noqa: E402
 from recruit_trl.contracts import INDEX_INSTRUCTIONS  # noqa: E402
@@ -54,6 +57,7 @@ from recruit_trl.rollout.tool_env import (  # noqa: E402
     environment_dataset,
     tool_calling_tokenizer,
 )
+from recruit_trl.training.arguments import check_range, check_tasks, check_value  # noqa: E402
 from recruit_trl.training.defaults import model_defaults, trainer_defaults  # noqa: E402
 from recruit_trl.training.model_setup import model_init_kwargs, resolve_policy_model  # noqa: E402
 
@@ -74,6 +78,16 @@ class ScriptArguments:
         default_factory=list,
         metadata={"help": "Tasks of the tiny model's warm-up corpus (model 'tiny' only; default: --tasks)."},
     )
+
+    def __post_init__(self) -> None:
+        try:
+            interface = get_env_interface(self.env_name)
+        except ValueError as exc:
+            raise ValueError(f"--env: {exc}") from None
+        check_tasks("tasks", self.tasks, interface)
+        check_tasks("tiny_tasks", self.tiny_tasks, interface)
+        check_range("seeds", self.seeds, required=True)
+        check_value("recent_k", self.recent_k, self.recent_k >= 0, ">= 0")
 
 
 # The CPU run: conquest duel, 4 steps of 2 groups of 4 rollouts. The tiny model holds 2,048 tokens: a ~530-token
@@ -156,10 +170,15 @@ def main(
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, GRPOConfig, ModelConfig]:
-    parser = TrlParser((ScriptArguments, GRPOConfig, ModelConfig))
+    """Step 1 above, every value checked before any model is built.
+
+    Raises:
+        ValueError: one line naming the flag, its value and what it takes.
+    """
+    parser = RecipeParser((ScriptArguments, GRPOConfig, ModelConfig))
     parser.set_defaults(**{**model_defaults(), **DEFAULTS})
     return parser.parse_args_and_config(args=argv)
 
 
 if __name__ == "__main__":
-    main(*parse_args())
+    main(*parse_or_exit(parse_args))

@@ -27,10 +27,14 @@ from __future__ import annotations
 
 import sys
 
-from trl import ModelConfig, SFTConfig, TrlParser
+# recruit_trl before TRL: importing it keeps off the console a notice that TRL's own import would print
+from recruit_trl.training.parsing import RecipeParser, parse_or_exit
+
+# isort: split
+from trl import ModelConfig, SFTConfig
 
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.training.arguments import SFTScriptArguments, with_env_tasks
+from recruit_trl.training.arguments import SFTScriptArguments, check_sft_arguments, with_env_tasks
 from recruit_trl.training.defaults import recipe_defaults
 from recruit_trl.training.model_setup import resolve_model_for
 from recruit_trl.training.warm_start import train_sft
@@ -44,10 +48,15 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, SFTConfig, ModelConfig]:
-    parser = TrlParser((SFTScriptArguments, SFTConfig, ModelConfig))
+    """Step 1 above, every value checked before any model is built.
+
+    Raises:
+        ValueError: one line naming the flag, its value and what it takes.
+    """
+    parser = RecipeParser((SFTScriptArguments, SFTConfig, ModelConfig))
     parser.set_defaults(**recipe_defaults("sft", "sft_clinical", "clinical", sys.argv[1:] if argv is None else argv))
-    return parser.parse_args_and_config(args=argv)
+    return check_sft_arguments(*parser.parse_args_and_config(args=argv))
 
 
 if __name__ == "__main__":
-    main(*parse_args())
+    main(*parse_or_exit(parse_args))

@@ -14,14 +14,33 @@ The public API, importable from here::
     env_class = environment_factory("conquest")  # GRPOTrainer(..., environment_factory=env_class): TRL's tool loop
 
 Names are imported on first use: ``import recruit_trl`` stays light (the rollouts import torch and transformers).
+
+Importing it also keeps two notices of libraries recruit_trl cannot change off the console (see below); a program that
+imports recruit_trl before TRL, as the recipes do, never sees them.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
+import warnings
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# Two notices of libraries recruit_trl cannot change, which every run would print though they ask nothing of the person
+# running it; each filter matches its notice's own text, so nothing else is hidden.
+# transformers 5 renamed ``PreTrainedModel.is_gradient_checkpointing`` to ``is_activation_checkpointing``; TRL 1.16
+# (``unwrap_model_for_generation``, around every rollout's generation) and PEFT 0.21 (every ``PeftModel``) still read
+# the old name, and each reading warns. recruit_trl itself uses the new names.
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+# bitsandbytes, which PEFT imports whenever it is installed (so every import of TRL's trainers), tries at import to
+# fetch an optional CPU kernel for 4-bit inference from the Hugging Face Hub (kernels-community) and logs a warning
+# when it cannot. recruit_trl never downloads; without that kernel bitsandbytes uses its own, and a run that does not
+# quantise calls neither.
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
+    lambda record: not record.getMessage().startswith("Failed to load CPU gemm_4bit_forward from kernels-community")
+)
 
 # Public name -> the module that defines it.
 _EXPORTS = {

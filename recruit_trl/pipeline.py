@@ -30,6 +30,7 @@ from recruit_trl.rollout.rollout_funcs import make_rollout
 from recruit_trl.training.anchor_data import make_anchor_dataset
 from recruit_trl.training.arguments import ScriptArguments, with_env_tasks
 from recruit_trl.training.control import rl_trainer_class
+from recruit_trl.training.model_card import rl_model_card, write_model_card
 from recruit_trl.training.model_setup import last_checkpoint, model_init_kwargs, resolve_model_for, rl_start
 from recruit_trl.training.run_report import RL_FINISHED, report_run, sft_trained, start_baseline_evals
 from recruit_trl.training.warm_start import run_warm_start
@@ -114,6 +115,9 @@ def run_rl(
         trainer.save_model(training_args.output_dir)
         trainer.save_state()  # trainer_state.json: every logged metric, step by step
         if trainer.accelerator.is_main_process:
+            # Ours over TRL's card (written at each checkpoint) and PEFT's (written with the adapter).
+            card = rl_model_card(script_args, training_args, model_args, trainer, model_path)
+            write_model_card(training_args.output_dir, card)
             info = {
                 "base_model": model_path, "world_size": trainer.accelerator.num_processes, "anchors": len(dataset),
                 "model": model_summary(trainer.model), "sft_trained": sft_trained(script_args),
@@ -125,6 +129,8 @@ def run_rl(
     # 5. Report: held-out evaluation of base / SFT / RL models and baselines, plots, summary.
     if script_args.report and trainer.accelerator.is_main_process:
         report_run(script_args, training_args, model_args, trainer, model_path, timings, started, background)
+        card = rl_model_card(script_args, training_args, model_args, trainer, model_path)
+        write_model_card(training_args.output_dir, card)  # again, now with the held-out scores
     trainer.accelerator.wait_for_everyone()
     return trainer
 

@@ -8,15 +8,27 @@ component does not apply to (TRL ignores it in the weighted sum). Weights go thr
 name (``rewards/<name>/mean``).
 
 The components for any environment are in :mod:`rewards.generic` (environment return, format, action shaping, final
-score, teacher match), the clinical environment's in :mod:`rewards.clinical` (enrolment, screening, dropouts,
-milestones, hypothesis accuracy); all are importable from here.
+score, teacher match), each environment's in a module of its own: :mod:`rewards.clinical` (enrolment, screening,
+dropouts, milestones, hypothesis accuracy) and :mod:`rewards.conquest` (territory, continent, elimination, invalid
+answers, outcome, win); all are importable from here and named by :func:`get_reward_funcs`. A reward function this
+package does not hold (a new environment's) is named as ``package.module:function``.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 
+from recruit_trl.protocol import import_from_working_directory
 from rewards.clinical import dropout_penalty, enrollment_reward, hypothesis_reward, milestone_reward, screening_reward
+from rewards.conquest import (
+    continent_reward,
+    elimination_reward,
+    invalid_penalty,
+    outcome_reward,
+    territory_reward,
+    win_reward,
+)
 from rewards.generic import (
     action_shaping_reward,
     env_return_reward,
@@ -40,16 +52,55 @@ REWARD_FUNCS: dict[str, RewardFunc] = {
         action_shaping_reward,
         final_score_reward,
         teacher_match_reward,
+        territory_reward,
+        continent_reward,
+        elimination_reward,
+        invalid_penalty,
+        outcome_reward,
+        win_reward,
     )
 }
 
 
 def get_reward_funcs(names: Sequence[str]) -> list[RewardFunc]:
-    """Reward functions by name (see :data:`REWARD_FUNCS`); raises ValueError naming unknown ones."""
-    unknown = [n for n in names if n not in REWARD_FUNCS]
-    if unknown:
-        raise ValueError(f"Unknown reward functions {unknown}; available: {sorted(REWARD_FUNCS)}")
-    return [REWARD_FUNCS[n] for n in names]
+    """Reward functions by name (see :data:`REWARD_FUNCS`) or as ``package.module:function``.
+
+    Raises:
+        ValueError: naming an unknown name (with the ones that exist), a path that does not import, or a function
+            without TRL's reward signature ``f(completions, **kwargs)``.
+    """
+    return [reward_func(name) for name in names]
 
 
-__all__ = ["REWARD_FUNCS", "RewardFunc", "get_reward_funcs", *REWARD_FUNCS]
+def reward_func(name: str) -> RewardFunc:
+    """One reward function: a name of :data:`REWARD_FUNCS`, or ``package.module:function`` imported (from the
+    working directory too, as ``python -m`` would), its signature checked."""
+    if name in REWARD_FUNCS:
+        return REWARD_FUNCS[name]
+    if ":" not in name:
+        raise ValueError(
+            f"Unknown reward function {name!r}; available: {sorted(REWARD_FUNCS)}, or 'package.module:function'"
+        )
+    module_name, attribute = name.split(":", 1)
+    try:
+        func = getattr(import_from_working_directory(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"Cannot import reward function {name!r}: {exc}") from None
+    if not callable(func) or not _takes_completions_and_kwargs(func):
+        raise ValueError(
+            f"Reward function {name!r} must have TRL's signature f(completions, **kwargs) -> list[float | None]"
+        )
+    return func
+
+
+def _takes_completions_and_kwargs(func: Callable) -> bool:
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    takes_completions = any(p.name == "completions" or p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters)
+    return takes_kwargs and takes_completions
+
+
+__all__ = ["REWARD_FUNCS", "RewardFunc", "get_reward_funcs", "reward_func", *REWARD_FUNCS]

@@ -63,3 +63,52 @@ def test_registry_and_imports():
     assert set(rewards.__all__) >= set(rewards.REWARD_FUNCS)
     with pytest.raises(ValueError, match="Unknown reward"):
         get_reward_funcs(["nope"])
+
+
+def test_conquest_components_read_its_fields_by_hand():
+    from rewards.conquest import (
+        continent_reward,
+        elimination_reward,
+        invalid_penalty,
+        outcome_reward,
+        territory_reward,
+        win_reward,
+    )
+
+    kw = {
+        "territory": [0.03, -0.01, 0.0],
+        "continent": [0.04, 0.0, -0.02],
+        "elimination": [0.1, 0.0, 0.0],
+        "invalid": [0.0, -0.05, 0.0],
+        "outcome": [1.0, 0.0, 0.42],
+        "final_score": [1.0, None, 0.42],
+    }
+    assert territory_reward(COMPLETIONS, **kw) == [0.03, -0.01, 0.0]
+    assert continent_reward(COMPLETIONS, **kw) == [0.04, 0.0, -0.02]
+    assert elimination_reward(COMPLETIONS, **kw) == [0.1, 0.0, 0.0]
+    assert invalid_penalty(COMPLETIONS, **kw) == [0.0, -0.05, 0.0]
+    assert outcome_reward(COMPLETIONS, **kw) == [1.0, 0.0, 0.42]
+    assert win_reward(COMPLETIONS, **kw) == [1.0, None, 0.0]  # only a win scores 1.0; a game going on is None
+
+
+def test_every_environment_reward_field_has_a_reward_function():
+    from recruit_trl.protocol import get_env_interface
+
+    read = {"conquest": {"territory", "continent", "elimination", "invalid", "outcome"}}
+    assert set(get_env_interface("conquest").reward_fields) == read["conquest"]
+    names = {f.__name__ for f in get_reward_funcs(["territory_reward", "continent_reward", "elimination_reward",
+                                                   "invalid_penalty", "outcome_reward", "win_reward"])}  # fmt: skip
+    assert names <= set(rewards.REWARD_FUNCS)
+
+
+def test_a_reward_function_by_dotted_path_and_its_errors():
+    (func,) = get_reward_funcs(["rewards.generic:format_reward"])
+    assert func is format_reward
+    with pytest.raises(ValueError, match="Cannot import reward function 'no_such_module:f'"):
+        get_reward_funcs(["no_such_module:f"])
+    with pytest.raises(ValueError, match="Cannot import"):
+        get_reward_funcs(["rewards.generic:no_such_function"])
+    with pytest.raises(ValueError, match=r"TRL's signature f\(completions, \*\*kwargs\)"):
+        get_reward_funcs(["rewards.generic:as_floats"])
+    with pytest.raises(ValueError, match="available: .*win_reward.*package.module:function"):
+        get_reward_funcs(["nosuch_reward"])

@@ -158,7 +158,7 @@ def policy_for_generation(trainer) -> Iterator[PreTrainedModel]:
         trainer.accelerator,
         gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
         generation_kwargs=getattr(trainer, "generation_kwargs", None),
-        gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+        gradient_checkpointing_kwargs=trainer.args.activation_checkpointing_kwargs,  # TRL 1.16 keeps the old name
     ) as model:
         was_training = model.training
         model.eval()

@@ -8,15 +8,24 @@ stage, each extending the prompt or rollout settings every stage shares, as TRL'
   rollout (:class:`~recruit_trl.rollout.config.RolloutConfig`), the tasks, anchors and rewards, the warm start (the
   SFT recipe's settings as ``--sft_*``; ``--teacher`` and ``--dagger_*`` unprefixed: :func:`rl_flag`) and the report.
   :func:`warm_start_arguments` turns them into the warm start's :class:`SFTScriptArguments`.
+
+Every value is checked while the recipes parse their arguments, before any model is built, and a mistake is one line
+naming the flag, its value and what the flag takes: each dataclass checks its own values as it is built
+(``__post_init__``), :func:`check_rl_arguments` and :func:`check_sft_arguments` what needs the environment (tasks,
+policies) or TRL's configs beside them (reward weights, quantisation).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from recruit_trl.protocol import FALLBACK_POLICY, EnvInterface
+from recruit_trl.protocol import FALLBACK_POLICY, EnvInterface, get_env_interface
+from recruit_trl.ranges import parse_int_ranges
+from recruit_trl.rollout.anchors import MODEL_PREFIX
 from recruit_trl.rollout.config import PromptConfig, RolloutConfig
+from rewards import get_reward_funcs
 
 SFT_DATA = ("traces", "teacher_sets")
 # The main job scores each sampled action by the final grade of its episode (continued to the end by a fast
@@ -25,6 +34,8 @@ DEFAULT_REWARDS = ("final_score_reward", "format_reward")
 # SFTScriptArguments fields that the RL recipes' warm start does not take: the shared prompt settings and tasks are
 # the RL run's own, and the warm start chooses its loss as the SFT recipe does by default.
 NOT_WARM_START = ("env_name", "contract", "recent_k", "tasks", "token_metrics")
+# The warm start's seed ranges (SFTScriptArguments fields); the teacher's training episodes cannot be none.
+WARM_START_RANGES = ("train_seeds", "heldout_seeds", "fixed_seeds", "dagger_seeds")
 
 
 def rl_flag(name: str) -> str:
@@ -111,8 +122,7 @@ class SFTScriptArguments(PromptConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.data not in SFT_DATA:
-            raise ValueError(f"data must be one of {SFT_DATA}, not {self.data!r}")
+        check_warm_start(self, flag=lambda name: name)
 
 
 @dataclass
@@ -138,7 +148,10 @@ class ScriptArguments(RolloutConfig):
     )  # fmt: skip
     reward_funcs: list[str] = field(
         default_factory=lambda: list(DEFAULT_REWARDS),
-        metadata={"help": "Reward functions from the `rewards` package, weighted by --reward_weights."},
+        metadata={
+            "help": "Reward functions, weighted by --reward_weights: names from the `rewards` package (generic "
+            "ones and each environment's) or 'package.module:function' for any other."
+        },
     )
     shuffle_advantages: bool = field(
         default=False,
@@ -304,10 +317,30 @@ class ScriptArguments(RolloutConfig):
         unknown = set(self.eval_sampled) - {"base", "sft", "grpo"}
         if unknown:
             raise ValueError(f"--eval_sampled takes base, sft and grpo, not {sorted(unknown)}")
+        try:
+            get_reward_funcs(self.reward_funcs)
+        except ValueError as exc:
+            raise ValueError(f"--reward_funcs: {exc}") from None
         if "teacher_match_reward" in self.reward_funcs and not self.reward_teacher:
             raise ValueError("--reward_funcs teacher_match_reward needs --reward_teacher (e.g. grader_heuristic)")
         if self.warm_start not in ("auto", "none"):
             raise ValueError(f"--warm_start must be auto or none, not {self.warm_start!r}")
+        check_range("anchor_seeds", self.anchor_seeds, required=True)
+        check_range("anchor_days", self.anchor_days, required=True)
+        for name in ("eval_seeds", "decision_seeds", "decision_days"):
+            check_range(name, getattr(self, name))
+        check_value("sft_epochs", self.sft_epochs, self.sft_epochs > 0, "> 0")
+        check_value("sft_batch_size", self.sft_batch_size, self.sft_batch_size >= 1, ">= 1")
+        check_value("sft_max_steps", self.sft_max_steps, self.sft_max_steps == -1 or self.sft_max_steps >= 1,
+                    "-1 (--sft_epochs decides) or >= 1")  # fmt: skip
+        lr = self.sft_learning_rate
+        check_value("sft_learning_rate", lr, lr is None or lr > 0, "> 0 (or unset)")
+        check_value("decision_rows", self.decision_rows, self.decision_rows >= 1, ">= 1")
+        check_value("decision_continuations", self.decision_continuations, self.decision_continuations >= 1, ">= 1")
+        check_value("eval_workers", self.eval_workers, self.eval_workers >= 0, ">= 0 (0: one per CPU core)")
+        check_value("eval_temperature", self.eval_temperature, self.eval_temperature >= 0, ">= 0 (0: greedy only)")
+        check_value("eval_top_p", self.eval_top_p, 0 < self.eval_top_p <= 1, "in (0, 1]")
+        check_warm_start(self, flag=rl_flag)  # under the RL recipes' names
         warm_start_arguments(self)  # checks the warm start's settings at start-up, not after the model is built
 
 
@@ -324,3 +357,145 @@ def with_env_tasks(args: Any, interface: EnvInterface) -> Any:
     if not args.tasks:
         args.tasks = list(interface.tasks())
     return args
+
+
+# ------------------------------------------------------------------------------------------------ checks
+# Each raises a one-line ValueError naming the flag, its value and what the flag takes; the recipes check every value
+# while their arguments are parsed, before any model is built (recruit_trl.training.parsing turns the error into
+# argparse's "error:" line).
+
+
+def check_value(flag: str, value: Any, allowed: bool, what: str) -> None:
+    """Refuse ``--flag value`` unless ``allowed``; ``what`` says what the flag takes (e.g. ``">= 1"``).
+
+    Raises:
+        ValueError: ``--flag must be <what>, not <value>``.
+    """
+    if not allowed:
+        raise ValueError(f"--{flag} must be {what}, not {value!r}")
+
+
+def check_range(flag: str, spec: str, required: bool = False) -> None:
+    """Refuse an integer range (``0-15``, ``0-170:10``, ``3,7,9-11``) that does not parse, or with ``required`` one
+    that names no value.
+
+    Raises:
+        ValueError: naming ``--flag`` and the offending part.
+    """
+    try:
+        values = parse_int_ranges(spec)
+    except ValueError as exc:
+        raise ValueError(f"--{flag}: {exc}") from None
+    if required and not values:
+        raise ValueError(f"--{flag} names no value ({spec!r}): use forms like 0-15, 0-170:10 or 3,7,9-11")
+
+
+def check_warm_start(args: Any, flag: Callable[[str], str]) -> None:
+    """The warm start's own values (:class:`SFTScriptArguments` fields, read from ``args`` as ``flag(name)``: the SFT
+    recipe's names, or the RL recipes' :func:`rl_flag`), so that an error names the flag the user gave.
+
+    Raises:
+        ValueError: for the first value the warm start cannot take.
+    """
+
+    def value(name: str) -> Any:
+        return getattr(args, flag(name))
+
+    if value("data") not in SFT_DATA:
+        raise ValueError(f"--{flag('data')}: data must be one of {SFT_DATA}, not {value('data')!r}")
+    for name in WARM_START_RANGES:
+        check_range(flag(name), value(name), required=name == "train_seeds")
+    check_value(flag("epsilon"), value("epsilon"), 0 <= value("epsilon") <= 1, "in [0, 1]")
+    check_value(flag("max_type_fraction"), value("max_type_fraction"), 0 < value("max_type_fraction") <= 1,
+                "in (0, 1] (1: no cap)")  # fmt: skip
+    check_value(flag("heldout_rows"), value("heldout_rows"), value("heldout_rows") >= 0, ">= 0 (0: all)")
+    check_value(flag("dagger_rounds"), value("dagger_rounds"), value("dagger_rounds") >= 0, ">= 0")
+    check_value(flag("dagger_epochs"), value("dagger_epochs"), value("dagger_epochs") > 0, "> 0")
+
+
+def known_tasks(interface: EnvInterface) -> list[str]:
+    """Every task id the environment takes: its tasks and the variants it describes beyond them."""
+    known = list(interface.tasks())
+    return known + [row["id"] for row in interface.describe_tasks(all_tasks=True) if row["id"] not in known]
+
+
+def check_tasks(flag: str, tasks: Sequence[str], interface: EnvInterface) -> None:
+    """Refuse tasks the environment does not know.
+
+    Raises:
+        ValueError: naming ``--flag``, the unknown tasks and the known ones.
+    """
+    known = known_tasks(interface)
+    unknown = [task for task in tasks if task not in known]
+    if unknown:
+        raise ValueError(f"--{flag}: unknown task(s) {unknown} for environment {interface.name!r}; known: {known}")
+
+
+def check_policy(flag: str, name: str, interface: EnvInterface) -> None:
+    """Refuse a policy name the environment does not register.
+
+    Raises:
+        ValueError: naming ``--flag``, the policy and the registered ones (the environment's own message).
+    """
+    try:
+        interface.get_policy(name)
+    except ValueError as exc:
+        raise ValueError(f"--{flag}: {exc}") from None
+
+
+def check_env_values(args: Any, interface: EnvInterface, policies: Sequence[str]) -> None:
+    """The values only the environment can check: ``args.tasks`` (and ``anchor_tasks`` where there are some) are its
+    tasks, and the policy fields ``policies`` name its policies."""
+    check_tasks("tasks", args.tasks, interface)
+    check_tasks("anchor_tasks", getattr(args, "anchor_tasks", []), interface)
+    for name in policies:
+        check_policy(name, getattr(args, name), interface)
+
+
+def check_quantised_training(model_args: Any, full_finetune: bool | None, flags: str) -> None:
+    """Refuse to fine-tune every weight of a quantised model (``--load_in_4bit`` / ``--load_in_8bit``): its frozen
+    integer weights train only through a LoRA adapter. ``full_finetune`` is what ``flags`` asked for."""
+    quantised = getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False)
+    if quantised and full_finetune:
+        raise ValueError(f"a quantised model (--load_in_4bit/--load_in_8bit) trains a LoRA adapter, not every weight: "
+                         f"drop {flags} or the quantisation")  # fmt: skip
+
+
+def check_rl_arguments(script_args: ScriptArguments, training_args: Any, model_args: Any) -> tuple[Any, Any, Any]:
+    """Check what the RL recipes' dataclasses cannot check alone: the environment's tasks and policies, the rewards'
+    weights, the sampling temperature, vLLM and the quantisation. Returns the three unchanged.
+
+    Raises:
+        ValueError: one line naming the flag, its value and what it takes.
+    """
+    interface = get_env_interface(script_args.env_name)
+    check_env_values(script_args, interface, ["teacher", "continuation_policy"])
+    if script_args.reward_teacher:
+        check_policy("reward_teacher", script_args.reward_teacher, interface)
+    if script_args.anchor_policy != "student" and not script_args.anchor_policy.startswith(MODEL_PREFIX):
+        check_policy("anchor_policy", script_args.anchor_policy, interface)
+    for name in script_args.eval_baselines:
+        if not name.startswith(MODEL_PREFIX):
+            check_policy("eval_baselines", name, interface)
+    weights = training_args.reward_weights
+    if weights is not None and len(weights) != len(script_args.reward_funcs):
+        raise ValueError(f"--reward_weights {weights} must give one weight per --reward_funcs "
+                         f"{script_args.reward_funcs}")  # fmt: skip
+    check_value("temperature", training_args.temperature, training_args.temperature > 0, "> 0 (GRPO samples)")
+    if training_args.use_vllm:
+        raise ValueError("--use_vllm: recruit_trl rollouts generate with transformers; vLLM is not supported")
+    check_quantised_training(model_args, script_args.sft_full_finetune, "--sft_full_finetune true")
+    check_quantised_training(model_args, script_args.rl_full_finetune, "--rl_full_finetune true")
+    return script_args, training_args, model_args
+
+
+def check_sft_arguments(script_args: SFTScriptArguments, training_args: Any, model_args: Any) -> tuple[Any, Any, Any]:
+    """Check what the SFT recipes' dataclasses cannot check alone: the environment's tasks and teacher, and the
+    quantisation. Returns the three unchanged.
+
+    Raises:
+        ValueError: one line naming the flag, its value and what it takes.
+    """
+    check_env_values(script_args, get_env_interface(script_args.env_name), ["teacher"])
+    check_quantised_training(model_args, not model_args.use_peft, "--use_peft false")
+    return script_args, training_args, model_args

@@ -55,6 +55,7 @@ from recruit_trl.protocol import EnvInterface, get_env_interface
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.training.arguments import SFTScriptArguments, warm_start_arguments, with_env_tasks
 from recruit_trl.training.defaults import sft_defaults
+from recruit_trl.training.model_card import sft_model_card, write_model_card
 from recruit_trl.training.model_setup import full_finetune, last_checkpoint, model_init_kwargs
 from recruit_trl.training.sft_data import (
     balance_action_types,
@@ -87,6 +88,7 @@ def train_sft(
     finished = read_json(out / "heldout_report.json")
     if finished is not None and is_trained(out):
         print(f"SFT already finished in {out}; delete the folder to train again")
+        write_model_card(out, sft_model_card(script_args, training_args, model_args, model_path, finished))
         return finished
 
     # 1. Teacher traces (or decision sets) -> train / held-out chat datasets (reused when already on disk).
@@ -174,6 +176,8 @@ def train_sft(
     # Each round's settings, as its trainer, optimizer and model held them.
     report["arguments"] = [read_json(folder / SETTINGS_FILE) for folder in round_dirs(out, rounds)]
     write_json_atomic(out / "heldout_report.json", report)
+    # Ours over TRL's card (written at each checkpoint) and PEFT's (written with the adapter).
+    write_model_card(out, sft_model_card(script_args, training_args, model_args, model_path, report))
     print(json.dumps({k: v for k, v in report.items() if k != "data"}, indent=2))
     return report
 
@@ -283,7 +287,8 @@ def run_warm_start(script_args: Any, training_args: Any, model_args: ModelConfig
     """
     full = full_finetune(script_args.sft_full_finetune, model_args, model_path)
     sft_args = warm_start_arguments(script_args)
-    shared = ("seed", "bf16", "fp16", "use_cpu", "gradient_checkpointing", "model_init_kwargs")
+    # activation_checkpointing, not its deprecated alias gradient_checkpointing: a config given the old name warns
+    shared = ("seed", "bf16", "fp16", "use_cpu", "activation_checkpointing", "model_init_kwargs")
     sft_config = SFTConfig(
         **{
             **sft_defaults(),
