@@ -151,3 +151,21 @@ def test_the_toy_environment_trains_through_the_recipes(warm_model, tmp_path):
     bench = report["decisions"]["benchmark"]
     assert set(bench) == {"base", "sft", "grpo", "fallback", "safe"} and bench["fallback"]["teacher_match"] == 1.0
     assert report["decisions"]["state_value"]["grpo"]["n"] == 8
+
+
+def test_a_reward_function_of_the_environments_own_module_trains_by_dotted_path(warm_model, tmp_path):
+    """One GRPO step on the walk with a reward function the ``rewards`` package does not hold, named by its path."""
+    from recipe_files import load_recipe
+
+    recipe = load_recipe("grpo_clinical")
+    flags = [
+        "--env", ENV, "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1",
+        "--tasks", "near", "far", "--anchor_seeds", "100", "--anchor_days", "0-6:3", "--warm_start", "none",
+        "--per_device_train_batch_size", "8", "--num_generations", "4", "--save_strategy", "no", "--report", "false",
+        "--horizon", "2", "--reward_funcs", "tests.toy_env:closer_reward", "format_reward",
+        "--reward_weights", "1.0", "0.5",
+    ]  # fmt: skip
+    trainer = recipe.main(*recipe.parse_args(flags))
+    assert trainer.state.global_step == 1
+    logged = next(h for h in trainer.state.log_history if "rewards/closer_reward/mean" in h)
+    assert -6.0 <= logged["rewards/closer_reward/mean"] <= 6.0  # 3 steps scored, each a step and a gust at most

@@ -157,6 +157,12 @@ class ToyInterface(EnvInterface):
 TOY = ToyInterface()
 
 
+def closer_reward(completions: list, **kwargs: Any) -> list[float | None]:
+    """The walk's own TRL reward function, outside the ``rewards`` package: the distance closed over the scored steps
+    (the rollout's ``progress`` field), named as ``--reward_funcs tests.toy_env:closer_reward``."""
+    return [None if value is None else float(value) for value in kwargs["progress"]]
+
+
 class AimlessToyInterface(ToyInterface):
     """The walk whose fallback agent goes nowhere (left, right and wait in turn): a start far below the best policy,
     for the learning check's toy rung.
