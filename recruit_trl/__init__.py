@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# Two notices of libraries recruit_trl cannot change, which every run would print though they ask nothing of the person
+# Notices of libraries recruit_trl cannot change, which every run would print though they ask nothing of the person
 # running it; each filter matches its notice's own text, so nothing else is hidden.
 # transformers 5 renamed ``PreTrainedModel.is_gradient_checkpointing`` to ``is_activation_checkpointing``; TRL 1.16
 # (``unwrap_model_for_generation``, around every rollout's generation) and PEFT 0.21 (every ``PeftModel``) still read
@@ -36,10 +36,14 @@ __version__ = "0.1.0"
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 # bitsandbytes, which PEFT imports whenever it is installed (so every import of TRL's trainers), tries at import to
 # fetch an optional CPU kernel for 4-bit inference from the Hugging Face Hub (kernels-community) and logs a warning
-# when it cannot. recruit_trl never downloads; without that kernel bitsandbytes uses its own, and a run that does not
-# quantise calls neither.
+# when it cannot; offline (HF_HUB_OFFLINE=1, as CI runs) the ``kernels`` package logs instead that it skips the
+# kernel's publisher check. recruit_trl never downloads; without that kernel bitsandbytes uses its own, and a run that
+# does not quantise calls neither.
 logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
     lambda record: not record.getMessage().startswith("Failed to load CPU gemm_4bit_forward from kernels-community")
+)
+logging.getLogger("kernels._internals.hf_hub").addFilter(
+    lambda record: not record.getMessage().startswith("Skipping publisher trust check for 'kernels-community/")
 )
 
 # Public name -> the module that defines it.

@@ -46,7 +46,7 @@ def test_a_bad_value_is_one_error_line_and_exit_status_2(tmp_path, recipe, flags
         (["--num_generations", "5"], r"--num_generations 5 must divide the generation batch of 32 rows"),
         (["--per_device_train_batch_size", "0"], r"--per_device_train_batch_size must be >= 1"),
         (["--reward_weights", "1.0"], r"--reward_weights \[1.0\] must give one weight per --reward_funcs"),
-        (["--reward_funcs", "no_such_reward"], r"--reward_funcs: Unknown reward functions \['no_such_reward'\]"),
+        (["--reward_funcs", "no_such_reward"], r"--reward_funcs: Unknown reward function 'no_such_reward'"),
         (["--temperature", "0"], r"--temperature must be > 0"),
         (["--anchor_seeds", "7-3"], r"--anchor_seeds: bad range '7-3'"),
         (["--anchor_days", ""], r"--anchor_days names no value"),

@@ -31,8 +31,12 @@ SMOLLM2_LICENSE = "apache-2.0"
 
 
 def write_model_card(folder: str | Path, text: str) -> Path:
-    """Write ``text`` as the folder's ``README.md`` (atomically, over TRL's or PEFT's card); returns its path."""
-    return write_text_atomic(Path(folder) / CARD_FILE, text)
+    """Write ``text`` as the folder's ``README.md`` (atomically, over TRL's or PEFT's card); returns its path. A card
+    that already says ``text`` is left as it is, so a re-run of a finished stage changes no file."""
+    path = Path(folder) / CARD_FILE
+    if path.is_file() and path.read_text() == text:
+        return path
+    return write_text_atomic(path, text)
 
 
 def rl_model_card(script_args: Any, training_args: Any, model_args: Any, trainer: Any, model_path: str) -> str:
