@@ -54,7 +54,7 @@ from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.training.arguments import ScriptArguments, with_env_tasks
 from recruit_trl.training.model_setup import model_init_kwargs, resolve_model_for
-from recruit_trl.training.run_report import RL_FINISHED, eval_workers
+from recruit_trl.training.run_report import eval_workers, rl_finished
 from recruit_trl.versions import versions
 
 # The two arms and the --shuffle_advantages value each runs with.
@@ -468,16 +468,6 @@ def start_built(plan: Plan) -> dict[str, Any] | None:
     return None if info.get("warm_start_trained") and not is_trained(info["start"]) else info
 
 
-def run_finished(folder: Path) -> bool:
-    """Whether an RL run finished in ``folder`` (:func:`recruit_trl.pipeline.rl_finished`: its marker, written last,
-    the trainer state, and saved weights that open)."""
-    return (
-        read_json(folder / RL_FINISHED) is not None
-        and read_json(folder / TRAINER_STATE) is not None
-        and is_trained(folder)
-    )
-
-
 def run_logged(argv: Sequence[str], log: Path) -> int:
     """Run ``argv`` with its output appended to ``log`` (the command first); returns its exit status."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -650,14 +640,14 @@ def train_runs(plan: Plan, commands: list[dict[str, Any]], failures: list[str], 
     for arm, seed in bar:
         folder, argv = plan.run_dir(arm, seed), run_command(plan, arm, seed)
         run = {"arm": arm, "seed": seed, "output_dir": str(folder), "log": str(folder / LOG_FILE)}
-        if run_finished(folder):
+        if rl_finished(folder):
             run.update(status="skipped (finished before)", returncode=0)
         else:
             bar.set_postfix_str(f"{arm} seed {seed}")
             started = time.perf_counter()
             code = run_logged(argv, folder / LOG_FILE)
             run.update(returncode=code, seconds=round(time.perf_counter() - started, 1))
-            run["status"] = "trained" if code == 0 and run_finished(folder) else "failed"
+            run["status"] = "trained" if code == 0 and rl_finished(folder) else "failed"
             tqdm.write(f"{arm} seed {seed}: {run['status']} in {run['seconds']:.0f} s (log: {run['log']})")
             if run["status"] == "failed":
                 failures.append(f"{arm} seed {seed}: training failed (exit status {code}); see {run['log']}")

@@ -18,7 +18,6 @@ from recruit_trl.files import read_json, write_json_atomic
 from recruit_trl.models.loading import (
     ADAPTER_CONFIG,
     is_adapter,
-    is_trained,
     keep_4bit_layers_trainable,
     load_trainable,
     loading_config,
@@ -32,7 +31,7 @@ from recruit_trl.training.arguments import ScriptArguments, with_env_tasks
 from recruit_trl.training.control import rl_trainer_class
 from recruit_trl.training.model_card import rl_model_card, write_model_card
 from recruit_trl.training.model_setup import last_checkpoint, model_init_kwargs, resolve_model_for, rl_start
-from recruit_trl.training.run_report import RL_FINISHED, report_run, sft_trained, start_baseline_evals
+from recruit_trl.training.run_report import RL_FINISHED, report_run, rl_finished, sft_trained, start_baseline_evals
 from recruit_trl.training.warm_start import run_warm_start
 from rewards import get_reward_funcs
 
@@ -133,17 +132,6 @@ def run_rl(
         write_model_card(training_args.output_dir, card)  # again, now with the held-out scores
     trainer.accelerator.wait_for_everyone()
     return trainer
-
-
-def rl_finished(output_dir: str) -> bool:
-    """Whether RL finished in ``output_dir``: its marker (``run_info.json``, written after the weights and the trainer
-    state) is whole, the trainer state is there and the saved weights open."""
-    folder = Path(output_dir)
-    return (
-        read_json(folder / RL_FINISHED) is not None
-        and read_json(folder / TRAINER_STATE_NAME) is not None
-        and is_trained(folder)
-    )
 
 
 def finished_rl_model(training_args: GRPOConfig, model_path: str) -> tuple[Any, Any, None]:

@@ -15,7 +15,14 @@ from recruit_trl.evaluation.evaluate import EvalConfig
 from recruit_trl.evaluation.report import paired_differences, summary, training_curves, write_report
 from recruit_trl.files import read_json, write_json_atomic
 from recruit_trl.models.build_cache import METADATA_FILE
-from recruit_trl.models.loading import is_adapter, loading_config, model_fingerprint, model_kind, model_summary
+from recruit_trl.models.loading import (
+    is_adapter,
+    is_trained,
+    loading_config,
+    model_fingerprint,
+    model_kind,
+    model_summary,
+)
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.training.arguments import warm_start_arguments
@@ -295,3 +302,14 @@ def decision_section(report: dict[str, Any]) -> str:
         lines += ["", "teacher decision sets (greedy, free decoding; constrained teacher match beside it)", ""]
         lines.append(format_result(decisions["sets"]))
     return "\n".join(lines)
+
+
+def rl_finished(output_dir: str | Path) -> bool:
+    """Whether RL finished in ``output_dir``: its marker (``run_info.json``, written after the weights and the trainer
+    state) is whole, the trainer state is there and the saved weights open."""
+    folder = Path(output_dir)
+    return (
+        read_json(folder / RL_FINISHED) is not None
+        and read_json(folder / "trainer_state.json") is not None
+        and is_trained(folder)
+    )
