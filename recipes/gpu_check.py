@@ -212,9 +212,9 @@ class GenerationTimer:
 
     def __call__(self, *args, **kwargs):
         start = time.perf_counter()
-        completion_ids, logprobs = self._generate(*args, **kwargs)  # ids come back on the CPU: the GPU is done
-        self.calls.append((time.perf_counter() - start, sum(len(ids) for ids in completion_ids)))
-        return completion_ids, logprobs
+        result = self._generate(*args, **kwargs)  # ids come back on the CPU: the GPU is done
+        self.calls.append((time.perf_counter() - start, sum(len(ids) for ids in result[0])))
+        return result
 
     def tokens_per_s(self) -> float:
         """Generated tokens per second over the calls after the first (which pays for warm-up), else all."""

@@ -119,7 +119,10 @@ def train(script_args, training_args, model_args):
         temperature=training_args.temperature, top_p=training_args.top_p,
         min_rows=training_args.generation_batch_size // training_args.num_generations if episode else 0,
     )  # fmt: skip
-    trainer = rl_trainer_class(GRPOTrainer, script_args.mode, script_args.shuffle_advantages)(
+    trainer_cls = rl_trainer_class(
+        GRPOTrainer, script_args.mode, script_args.shuffle_advantages, script_args.constrained_decoding
+    )
+    trainer = trainer_cls(
         model=model_path,
         reward_funcs=get_reward_funcs(script_args.reward_funcs),
         args=training_args,

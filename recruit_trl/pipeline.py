@@ -93,8 +93,11 @@ def run_rl(
             min_rows=training_args.generation_batch_size // training_args.num_generations
             if script_args.mode == "episode" else 0,
         )  # fmt: skip
-    # Episode mode: rows carry their own advantages; --shuffle_advantages: the control (recruit_trl.training.control).
-    trainer_cls = rl_trainer_class(trainer_cls, script_args.mode, script_args.shuffle_advantages)
+    # Episode mode: rows carry their own advantages; --shuffle_advantages: the control (recruit_trl.training.control);
+    # --constrained_decoding: the loss's log-probabilities are over the legal tokens (training.legal_logprobs).
+    trainer_cls = rl_trainer_class(
+        trainer_cls, script_args.mode, script_args.shuffle_advantages, script_args.constrained_decoding
+    )
     trainer = trainer_cls(
         model=model,
         reward_funcs=get_reward_funcs(script_args.reward_funcs),

@@ -32,8 +32,8 @@ def trained_advantages(recipe_name: str, flags: list[str], monkeypatch) -> list[
     output, after every mixin)."""
     seen: list[list[float]] = []
 
-    def recording(trainer_cls, mode, shuffle):
-        class Recording(rl_trainer_class(trainer_cls, mode, shuffle)):
+    def recording(*args):
+        class Recording(rl_trainer_class(*args)):
             def _generate_and_score_completions(self, inputs):
                 output = super()._generate_and_score_completions(inputs)
                 seen.append(output["advantages"].flatten().tolist())

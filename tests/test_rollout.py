@@ -14,6 +14,7 @@ from trl import TrlParser
 
 import recruit_trl.rollout.rollout_funcs as rollout_mod
 from env.clinical import ACTION_TYPES
+from recruit_trl.models.generation import LEGAL_FIELD
 from recruit_trl.models.tokenizer import build_tokenizer
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.anchors import Anchor
@@ -38,7 +39,9 @@ class ScriptedSampler:
     def __init__(self, tokenizer, texts):
         self.tokenizer, self.texts, self.calls, self.allowed = tokenizer, texts, [], []
 
-    def __call__(self, model, tokenizer, prompt_ids, generation_config, max_new_tokens, chunk_size=64, allowed=None):
+    def __call__(
+        self, model, tokenizer, prompt_ids, generation_config, max_new_tokens, chunk_size=64, allowed=None, legal=None
+    ):
         self.calls.append([list(p) for p in prompt_ids])
         self.allowed.append(allowed)
         ids = [
@@ -46,6 +49,8 @@ class ScriptedSampler:
             + [self.tokenizer.eos_token_id]
             for k in range(len(prompt_ids))
         ]
+        if legal is not None:  # as if each token had been the only one allowed
+            legal.extend([[tok] for tok in x] for x in ids)
         return ids, [[-0.5] * len(x) for x in ids]
 
 
@@ -139,6 +144,10 @@ def test_constrained_decoding_offers_every_listed_answer_and_nothing_else(tokeni
     first = [[tokenizer.decode(ids) for ids in answers] for answers in sampler.allowed[0]]
     assert first == [[f'{{"action_index": {k}}}' for k in range(n)] for n in listed]
     assert out["valid"] == [1.0] * 4
+    # the tokens allowed at every completion position travel to the trainer; environment text has none
+    mask = out.get("env_mask", [[1] * len(c) for c in out["completion_ids"]])
+    for ids, legal, m in zip(out["completion_ids"], out[LEGAL_FIELD], mask, strict=True):
+        assert legal == [[tok] if keep else [] for tok, keep in zip(ids, m, strict=True)]
 
 
 def _state(anchor):

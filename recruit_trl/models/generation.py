@@ -7,7 +7,9 @@ temperature / top-p), i.e. the distribution the tokens were actually sampled fro
 Constrained decoding (``allowed=``): each prompt may carry the token sequences of its legal answers (for the index
 contract, ``{"action_index": k}`` for every listed candidate; see :func:`answer_token_ids`), and generation is then
 restricted to a prefix of one of them followed by an end token: a masked token is never sampled, so every answer
-parses. The log-probabilities are those of the masked (renormalised) distribution the tokens were drawn from.
+parses. The log-probabilities are those of the masked (renormalised) distribution the tokens were drawn from, and
+``legal=`` returns, per completion token, the tokens the mask allowed there, so a trainer can compute the same
+distribution (:mod:`recruit_trl.training.legal_logprobs`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def eos_ids(tokenizer: PreTrainedTokenizerBase, generation_config: GenerationCon
         ids.add(tokenizer.eos_token_id)
     return ids
 
+
+LEGAL_FIELD = "legal_token_ids"  # the rollout field of constrained rows: per completion token, the ids allowed there
 
 TokenSequences = list[list[int]]  # the token ids of the answers one prompt may be completed with
 
@@ -56,6 +60,15 @@ def _prefix_tree(sequences: TokenSequences, ends: set[int]) -> dict:
     return root
 
 
+def legal_per_position(tree: dict, completion: Sequence[int]) -> list[list[int]]:
+    """The tokens the prefix tree allowed before each token of ``completion`` (empty once it leaves the tree)."""
+    out, node = [], tree
+    for tok in completion:
+        out.append(sorted(node) if node is not None else [])
+        node = node.get(tok) if node is not None else None
+    return out
+
+
 def _allowed_tokens_fn(trees: list[dict], width: int, pad_id: int):
     """``prefix_allowed_tokens_fn`` for ``generate``: the tokens that keep row ``i`` on a path of ``trees[i]``."""
 
@@ -80,6 +93,7 @@ def sample(
     chunk_size: int = 64,
     allowed: Sequence[TokenSequences] | None = None,
     unchanged: list[bool | None] | None = None,
+    legal: list[list[list[int]]] | None = None,
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Sample one completion per prompt (left-padded batches of ``chunk_size``).
 
@@ -89,6 +103,8 @@ def sample(
         unchanged: with ``allowed`` and greedy decoding, filled with one flag per completion: whether the model's
             own greedy choice was allowed at every step, i.e. free decoding would have written the same (legal)
             answer (``None`` when sampling).
+        legal: with ``allowed``, filled with one list per completion: for each of its tokens, the token ids the
+            constraint allowed at that position (the support of the distribution it was drawn from).
 
     Returns:
         ``(completion_ids, logprobs)``: each completion is cut after its first EOS token (kept, so TRL sees
@@ -116,7 +132,7 @@ def sample(
         for row, ids in enumerate(batch):
             input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention[row, width - len(ids) :] = 1
-        constraint = None
+        constraint, trees = None, None
         if allowed is not None:
             trees = [_prefix_tree(seqs, stop) for seqs in allowed[start : start + chunk_size]]
             constraint = _allowed_tokens_fn(trees, width, pad_id)
@@ -141,6 +157,8 @@ def sample(
             logprobs.append(token_logps[row, :end].tolist())
             if unchanged is not None:
                 unchanged.append(own[row, :end].tolist() == ids[:end] if own is not None else None)
+            if legal is not None and trees is not None:
+                legal.append(legal_per_position(trees[row], ids[:end]))
     return completions, logprobs
 
 

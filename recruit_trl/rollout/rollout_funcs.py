@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from recruit_trl.contracts import ParsedAction, answer_texts, build_messages, digest, parse_action
-from recruit_trl.models.generation import answer_token_ids, encode_prompt, policy_for_generation, sample
+from recruit_trl.models.generation import LEGAL_FIELD, answer_token_ids, encode_prompt, policy_for_generation, sample
 from recruit_trl.protocol import (
     Action,
     EnvInterface,
@@ -165,18 +165,28 @@ class _RolloutBase:
         log("rollout/decisions_trained", float(decisions if trained is None else trained))
 
     def _generate(self, trainer, model, tokenizer, generation_config, prompt_ids, candidates):
-        """One decision per prompt; with ``constrained_decoding``, only the texts that take one of ``candidates``."""
+        """One decision per prompt; with ``constrained_decoding``, only the texts that take one of ``candidates``.
+
+        Returns:
+            ``(completion_ids, logprobs, legal)``: ``legal`` is ``None`` for free decoding, else per completion the
+            token ids allowed at each of its positions (the trainer's :mod:`recruit_trl.training.legal_logprobs`).
+        """
         n_tokens = self.config.decision_tokens
-        allowed = None
+        allowed, legal = None, None
         if self.config.constrained_decoding:
             allowed = [answer_token_ids(tokenizer, answer_texts(self.config.contract, c)) for c in candidates]
+            legal = []
         if trainer is None:
-            return sample(model, tokenizer, prompt_ids, generation_config, n_tokens, allowed=allowed)
-        if getattr(trainer, "use_vllm", False):
+            ids, logps = sample(
+                model, tokenizer, prompt_ids, generation_config, n_tokens, allowed=allowed, legal=legal
+            )
+        elif getattr(trainer, "use_vllm", False):
             raise NotImplementedError("recruit_trl rollouts generate with transformers; set use_vllm=False.")
-        with policy_for_generation(trainer) as policy:
-            config = generation_config or trainer.generation_config
-            return sample(policy, tokenizer, prompt_ids, config, n_tokens, allowed=allowed)
+        else:
+            with policy_for_generation(trainer) as policy:
+                config = generation_config or trainer.generation_config
+                ids, logps = sample(policy, tokenizer, prompt_ids, config, n_tokens, allowed=allowed, legal=legal)
+        return ids, logps, legal
 
 
 class BranchRollout(_RolloutBase):
@@ -204,7 +214,9 @@ class BranchRollout(_RolloutBase):
         self.scorer.env_seconds += time.perf_counter() - t0
         prompt_ids = [self.prompt_for(tokenizer, a, s, c) for a, s, c in zip(anchors, states, candidates, strict=True)]
 
-        completion_ids, logprobs = self._generate(trainer, model, tokenizer, generation_config, prompt_ids, candidates)
+        completion_ids, logprobs, legal = self._generate(
+            trainer, model, tokenizer, generation_config, prompt_ids, candidates
+        )
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         parsed = [
             parse_action(text, self.config.contract, self.interface, state.obs, cands)
@@ -217,6 +229,8 @@ class BranchRollout(_RolloutBase):
             self._self_continued(trainer, model, tokenizer, anchors, states, parsed, step)
         rows = [self._score(a, s, p, step) for a, s, p in zip(anchors, states, parsed, strict=True)]
         out: dict[str, Any] = {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
+        if legal is not None:
+            out[LEGAL_FIELD] = legal
         out.update(self._extra_fields(rows))
         gen_tokens = sum(len(c) for c in completion_ids)
         prompt_tokens = sum(len(p) for p in prompt_ids)
@@ -339,7 +353,7 @@ class BranchRollout(_RolloutBase):
                 )
                 for b, c in zip(active, candidates, strict=True)
             ]
-            ids, _ = self._generate(trainer, model, tokenizer, greedy, prompts, candidates)
+            ids, _, _ = self._generate(trainer, model, tokenizer, greedy, prompts, candidates)
             for b, c, text in zip(
                 active, candidates, tokenizer.batch_decode(ids, skip_special_tokens=True), strict=True
             ):
@@ -399,6 +413,7 @@ class WindowRollout(_RolloutBase):
         completion_ids: list[list[int]] = [[] for _ in range(n)]
         env_mask: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
+        legal: list[list[list[int]]] = [[] for _ in range(n)]  # per token: what constrained decoding allowed
         totals = [{name: 0.0 for name in self.interface.reward_fields} for _ in range(n)]
         rows: list[dict[str, Any]] = [
             {
@@ -419,14 +434,15 @@ class WindowRollout(_RolloutBase):
             if not active:
                 break
             contexts = [prompt_ids[i] + completion_ids[i] for i in active]
-            new_ids, new_logps = self._generate(
+            new_ids, new_logps, new_legal = self._generate(
                 trainer, model, tokenizer, generation_config, contexts, [candidates[i] for i in active]
             )
             texts = tokenizer.batch_decode(new_ids, skip_special_tokens=True)
-            for i, ids, lps, text in zip(active, new_ids, new_logps, texts, strict=True):
+            for k, (i, ids, lps, text) in enumerate(zip(active, new_ids, new_logps, texts, strict=True)):
                 completion_ids[i] += ids
                 env_mask[i] += [1] * len(ids)
                 logprobs[i] += lps
+                legal[i] += new_legal[k] if new_legal is not None else [[] for _ in ids]
                 parsed = parse_action(text, self.config.contract, self.interface, obs[i], candidates[i])
                 before = obs[i]
                 taught = self.teacher_action(envs[i], before, day_seed(seeds[i], turn))
@@ -459,6 +475,7 @@ class WindowRollout(_RolloutBase):
                     completion_ids[i] += env_ids
                     env_mask[i] += [0] * len(env_ids)
                     logprobs[i] += [0.0] * len(env_ids)
+                    legal[i] += [[] for _ in env_ids]
         out_rows = []
         for i in range(n):
             row, tot = rows[i], totals[i]
@@ -487,6 +504,8 @@ class WindowRollout(_RolloutBase):
             "logprobs": logprobs,
             "env_mask": env_mask,
         }
+        if self.config.constrained_decoding:
+            result[LEGAL_FIELD] = legal
         result.update(self._extra_fields(out_rows))
         gen_tokens = sum(sum(m) for m in env_mask)
         decisions = sum(r["turns"] for r in rows)
@@ -576,6 +595,8 @@ class EpisodeRollout(_RolloutBase):
             "logprobs": [r["logprobs"] for r in chosen],
             "advantage": [r["advantage"] for r in chosen],
         }
+        if self.config.constrained_decoding:
+            out[LEGAL_FIELD] = [r["legal"] for r in chosen]
         out.update(self._extra_fields(chosen))
         self._log_episodes(trainer, episodes, group_stats, decisions, mean_advantage)
         gen_tokens = sum(len(r["completion_ids"]) for r in decisions)
@@ -631,10 +652,12 @@ class EpisodeRollout(_RolloutBase):
                 )
                 for e, c in zip(active, candidates, strict=True)
             ]
-            ids, logps = self._generate(trainer, model, tokenizer, generation_config, prompt_ids, candidates)
+            ids, logps, legal = self._generate(trainer, model, tokenizer, generation_config, prompt_ids, candidates)
             texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-            for e, cands, prompt, completion, lp, text in zip(active, candidates, prompt_ids, ids, logps, texts,
-                                                                strict=True):  # fmt: skip
+            legal = legal if legal is not None else [None] * len(ids)
+            for e, cands, prompt, completion, lp, allowed, text in zip(
+                active, candidates, prompt_ids, ids, logps, legal, texts, strict=True
+            ):
                 before = e["obs"]
                 parsed = parse_action(text, self.config.contract, self.interface, before, cands)
                 key = self.interface.state_key(before)
@@ -642,7 +665,7 @@ class EpisodeRollout(_RolloutBase):
                 parsed, (obs, reward, terminated, truncated, info) = self.scorer.apply(e["env"], before, parsed)
                 add_components(e["totals"], self.interface.step_components(before, parsed.action, obs, reward, info))
                 e["rows"].append({
-                    "prompt_ids": prompt, "completion_ids": completion, "logprobs": lp,
+                    "prompt_ids": prompt, "completion_ids": completion, "logprobs": lp, "legal": allowed,
                     "valid": 1.0 if parsed.valid else 0.0,
                     "action_shaping": self.interface.action_shaping(before, parsed.action) if parsed.valid else None,
                     "action_type": self.interface.action_type(parsed.action),

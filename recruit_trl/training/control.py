@@ -8,8 +8,8 @@ optimizer step (TRL's default ``steps_per_generation = gradient_accumulation_ste
 the distribution of the credit run's advantages, but no advantage belongs to its row any more: on-policy (importance
 ratio 1) its expected gradient is zero, so what a credit run gains beyond its control is learnt from the credit.
 
-:func:`rl_trainer_class` builds the trainer class of a run from the recipe's class, the rollout mode and the control
-flag.
+:func:`rl_trainer_class` builds the trainer class of a run from the recipe's class, the rollout mode, constrained
+decoding and the control flag.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from recruit_trl.training.episode_trainer import episode_trainer
+from recruit_trl.training.legal_logprobs import legal_trainer
 
 
 class ShuffledAdvantages:
@@ -44,9 +45,12 @@ def control_trainer(trainer_cls: type) -> type:
     return type(f"Control{trainer_cls.__name__}", (ShuffledAdvantages, trainer_cls), {})
 
 
-def rl_trainer_class(trainer_cls: type, mode: str, shuffle_advantages: bool) -> type:
-    """The trainer class of an RL run: ``trainer_cls``, trained on the rows' own advantages in episode mode, and with
-    the advantages permuted among the rows when ``shuffle_advantages`` (the control)."""
+def rl_trainer_class(trainer_cls: type, mode: str, shuffle_advantages: bool, constrained: bool = False) -> type:
+    """The trainer class of an RL run: ``trainer_cls``, on the log-probabilities of the legal tokens when the rollouts
+    decode ``constrained``, trained on the rows' own advantages in episode mode, and with the advantages permuted
+    among the rows when ``shuffle_advantages`` (the control)."""
+    if constrained:
+        trainer_cls = legal_trainer(trainer_cls)
     if mode == "episode":
         trainer_cls = episode_trainer(trainer_cls)
     return control_trainer(trainer_cls) if shuffle_advantages else trainer_cls
