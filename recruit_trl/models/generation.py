@@ -97,6 +97,10 @@ def sample(
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Sample one completion per prompt (left-padded batches of ``chunk_size``).
 
+    Free decoding runs ``model.generate``. Constrained decoding (``allowed``) walks the answers' prefix tree instead
+    (:func:`decode_tree`): the model runs only where the tree branches, a forced token costs nothing, and the answer
+    is drawn from the same masked distribution ``generate`` with ``prefix_allowed_tokens_fn`` draws from.
+
     Args:
         allowed: per prompt, the token sequences of its legal answers (constrained decoding); ``None`` for free
             generation.
@@ -112,54 +116,203 @@ def sample(
     """
     config = copy.deepcopy(generation_config)
     config.max_new_tokens = max_new_tokens
-    config.output_scores = True
-    config.return_dict_in_generate = True
-    check_unchanged = unchanged is not None and allowed is not None and not config.do_sample
-    config.output_logits = check_unchanged  # the unprocessed logits: the model's own greedy choice
     stop = eos_ids(tokenizer, config)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(stop))
     config.pad_token_id = pad_id
     if config.eos_token_id is None:
         config.eos_token_id = sorted(stop)
-    device = next(model.parameters()).device
+    check_unchanged = unchanged is not None and allowed is not None and not config.do_sample
     completions: list[list[int]] = []
     logprobs: list[list[float]] = []
     for start in range(0, len(prompt_ids), chunk_size):
         batch = prompt_ids[start : start + chunk_size]
-        width = max(len(p) for p in batch)
-        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, ids in enumerate(batch):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention[row, width - len(ids) :] = 1
-        constraint, trees = None, None
-        if allowed is not None:
+        if allowed is None:
+            rows = generate_batch(model, batch, config, stop, pad_id)
+        else:
             trees = [_prefix_tree(seqs, stop) for seqs in allowed[start : start + chunk_size]]
-            constraint = _allowed_tokens_fn(trees, width, pad_id)
-        out = model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention.to(device),
-            generation_config=config,
-            prefix_allowed_tokens_fn=constraint,
-        )
-        new = out.sequences[:, width:].cpu()
-        token_logps = torch.stack(
-            [torch.log_softmax(s.float(), dim=-1).gather(1, new[:, t : t + 1].to(s.device)).squeeze(1).cpu()
-             for t, s in enumerate(out.scores)],
-            dim=1,
-        )  # fmt: skip
-        own = torch.stack([logits.argmax(-1).cpu() for logits in out.logits], dim=1) if check_unchanged else None
-        for row in range(len(batch)):
-            ids = new[row].tolist()
-            end = next((k + 1 for k, tok in enumerate(ids) if tok in stop), len(ids))
-            end = max(end, 1)
-            completions.append(ids[:end])
-            logprobs.append(token_logps[row, :end].tolist())
+            rows = decode_tree(model, batch, trees, config, pad_id, check_unchanged)
+        for ids, logps, allowed_here, same in rows:
+            completions.append(ids)
+            logprobs.append(logps)
             if unchanged is not None:
-                unchanged.append(own[row, :end].tolist() == ids[:end] if own is not None else None)
-            if legal is not None and trees is not None:
-                legal.append(legal_per_position(trees[row], ids[:end]))
+                unchanged.append(same if check_unchanged else None)
+            if legal is not None and allowed is not None:
+                legal.append(allowed_here)
     return completions, logprobs
+
+
+Decoded = tuple[list[int], list[float], list[list[int]] | None, bool | None]  # ids, logprobs, legal, unchanged
+
+
+@torch.no_grad()
+def generate_batch(
+    model: PreTrainedModel,
+    batch: Sequence[Sequence[int]],
+    config: GenerationConfig,
+    stop: set[int],
+    pad_id: int,
+    trees: list[dict] | None = None,
+    check_unchanged: bool = False,
+) -> list[Decoded]:
+    """One left-padded ``model.generate`` call; with ``trees``, constrained by ``prefix_allowed_tokens_fn`` (the
+    reference :func:`decode_tree` is checked against)."""
+    config = copy.deepcopy(config)
+    config.output_scores = True
+    config.return_dict_in_generate = True
+    config.output_logits = check_unchanged  # the unprocessed logits: the model's own greedy choice
+    device = next(model.parameters()).device
+    width = max(len(p) for p in batch)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, ids in enumerate(batch):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        attention[row, width - len(ids) :] = 1
+    constraint = _allowed_tokens_fn(trees, width, pad_id) if trees is not None else None
+    out = model.generate(
+        input_ids=input_ids.to(device),
+        attention_mask=attention.to(device),
+        generation_config=config,
+        prefix_allowed_tokens_fn=constraint,
+    )
+    new = out.sequences[:, width:].cpu()
+    token_logps = torch.stack(
+        [torch.log_softmax(s.float(), dim=-1).gather(1, new[:, t : t + 1].to(s.device)).squeeze(1).cpu()
+         for t, s in enumerate(out.scores)],
+        dim=1,
+    )  # fmt: skip
+    own = torch.stack([logits.argmax(-1).cpu() for logits in out.logits], dim=1) if check_unchanged else None
+    rows: list[Decoded] = []
+    for row in range(len(batch)):
+        ids = new[row].tolist()
+        end = max(1, next((k + 1 for k, tok in enumerate(ids) if tok in stop), len(ids)))
+        rows.append((
+            ids[:end],
+            token_logps[row, :end].tolist(),
+            legal_per_position(trees[row], ids[:end]) if trees is not None else None,
+            own[row, :end].tolist() == ids[:end] if own is not None else None,
+        ))  # fmt: skip
+    return rows
+
+
+def branch_logprobs(scores: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
+    """The distribution ``generate`` draws from among a branch's legal tokens, given their logits ``scores``: after
+    the mask come temperature, top-k and top-p when sampling (``-inf`` for the tokens they cut); greedy, the masked
+    logits as they are. Log-probabilities, one per legal token."""
+    scores = scores.float()
+    if config.do_sample:
+        scores = scores / (config.temperature or 1.0)
+        if config.top_k and config.top_k < scores.numel():
+            kth = torch.topk(scores, config.top_k).values[-1]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if config.top_p is not None and config.top_p < 1.0:
+            ordered, order = torch.sort(scores)  # ascending, as transformers' TopPLogitsWarper
+            drop = ordered.softmax(-1).cumsum(-1) <= (1 - config.top_p)
+            drop[-1] = False  # at least one token stays
+            scores = scores.masked_fill(drop.scatter(0, order, drop), float("-inf"))
+    return torch.log_softmax(scores, dim=-1)
+
+
+def _choose(scores: torch.Tensor, config: GenerationConfig) -> tuple[int, float]:
+    """The index of the legal token picked (sampled, or the first highest logit) and its log-probability."""
+    logps = branch_logprobs(scores, config)
+    pick = int(torch.multinomial(logps.exp(), 1)) if config.do_sample else int(torch.argmax(scores))
+    return pick, float(logps[pick])
+
+
+@torch.no_grad()
+def decode_tree(
+    model: PreTrainedModel,
+    batch: Sequence[Sequence[int]],
+    trees: list[dict],
+    config: GenerationConfig,
+    pad_id: int,
+    check_unchanged: bool = False,
+) -> list[Decoded]:
+    """Constrained decoding by walking each prompt's answer tree, running the model only where it branches.
+
+    A node with one child appends that token (log-probability 0 under the masked distribution) without a forward
+    pass. At a branch, the tokens since the last pass are fed in one forward (the first pass: the prompt and the
+    forced prefix, e.g. ``{"action_index": ``), and the next token is chosen among the node's children as
+    ``generate`` would (:func:`_choose`). For the index contract that is one pass per digit plus one for the end
+    token, instead of one per answer token. With ``check_unchanged`` every forced token is fed too, so the model's
+    own (unconstrained) greedy choice is known at every position.
+    """
+    device = next(model.parameters()).device
+    n = len(batch)
+    ids: list[list[int]] = [[] for _ in range(n)]
+    logps: list[list[float]] = [[] for _ in range(n)]
+    legal: list[list[list[int]]] = [[] for _ in range(n)]
+    own: list[list[int]] = [[] for _ in range(n)]  # the model's argmax before each completion token
+    nodes: list[dict] = list(trees)
+    unfed: list[list[int]] = [list(p) for p in batch]  # tokens not yet through the model (first the prompt)
+    limit = config.max_new_tokens
+
+    def done(r: int) -> bool:
+        return not nodes[r] or len(ids[r]) >= limit  # after an end token the node is empty
+
+    def advance(r: int) -> None:  # forced tokens
+        while not done(r) and len(nodes[r]) == 1:
+            (tok,) = nodes[r]
+            ids[r].append(tok), logps[r].append(0.0), legal[r].append([tok])
+            unfed[r].append(tok)
+            nodes[r] = nodes[r][tok]
+
+    for r in range(n):
+        advance(r)
+    mask = torch.zeros((n, 0), dtype=torch.long)
+    cache = None
+    first = True
+    while True:
+        # what each row feeds: up to a branch; a finished row only what its unchanged check still needs
+        feeds = []
+        for r in range(n):
+            if not done(r):
+                feeds.append(unfed[r])
+            elif check_unchanged and len(unfed[r]) > 1:
+                feeds.append(unfed[r][:-1])
+            else:
+                feeds.append([])
+        if not any(feeds):
+            break
+        width = max(len(f) for f in feeds)
+        chunk = torch.full((n, width), pad_id, dtype=torch.long)
+        new_mask = torch.zeros((n, width), dtype=torch.long)
+        for r, feed in enumerate(feeds):
+            if feed:
+                chunk[r, width - len(feed) :] = torch.tensor(feed, dtype=torch.long)
+                new_mask[r, width - len(feed) :] = 1
+        mask = torch.cat([mask, new_mask], dim=1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -width:]
+        # logits of every fed completion token's successor when checking, else of the last position only
+        keep = width if check_unchanged else 1
+        out = model(
+            input_ids=chunk.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+            cache=cache, use_cache=True, logits_to_keep=keep,
+        )  # fmt: skip
+        cache = out.cache
+        logits = out.logits[:, -keep:].float().cpu()
+        for r, feed in enumerate(feeds):
+            if not feed:
+                continue
+            if check_unchanged:
+                # positions predicting completion tokens: in the first pass the prompt's last and every forced
+                # token, later every token fed (the first of them was predicted by the previous pass)
+                predicting = len(feed) - len(batch[r]) + 1 if first else len(feed)
+                own[r].extend(logits[r, keep - predicting :].argmax(-1).tolist())
+            unfed[r] = []
+            if done(r):
+                continue
+            children = sorted(nodes[r])
+            pick, logp = _choose(logits[r, -1, children], config)
+            tok = children[pick]
+            ids[r].append(tok), logps[r].append(logp), legal[r].append(children)
+            unfed[r].append(tok)
+            nodes[r] = nodes[r][tok]
+            advance(r)
+        first = False
+    return [
+        (ids[r], logps[r], legal[r], own[r][: len(ids[r])] == ids[r] if check_unchanged else None) for r in range(n)
+    ]
 
 
 @contextmanager
