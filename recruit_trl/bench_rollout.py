@@ -11,6 +11,11 @@ Reported (medians over the steps after the first, which pays for warm-up and anc
 seconds per optimizer step, decisions the policy played and decisions trained on per second of a step (one rollout
 call per optimizer step, TRL's default), generated tokens per environment decision, prompt tokens per decision, the
 environment's share of rollout time, environment steps per sample, and the fraction of zero-variance groups.
+
+``--compare_baseline`` (with ``--constrained_decoding true``) first runs the same steps with constrained decoding
+through ``generate`` (one model pass per answer token, the path before the tree walk of
+:func:`recruit_trl.models.generation.decode_tree`), then the current path, and reports both and their ``ratio``
+(current over baseline) for decisions played and trained per second.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from recruit_trl.files import write_json_atomic
@@ -50,6 +56,11 @@ class BenchArguments:
 
     steps: int = field(default=6, metadata={"help": "Optimizer steps to run (sets --max_steps)."})
     json: str | None = field(default=None, metadata={"help": "Also write the figures to this JSON file."})
+    compare_baseline: bool = field(
+        default=False,
+        metadata={"help": "Run the steps twice, first with constrained decoding through generate (the baseline), and "
+                  "report both and their ratio; needs --constrained_decoding true."},
+    )  # fmt: skip
 
 
 # Per second of an optimizer step: (the figure, the logged count per rollout call).
@@ -73,6 +84,36 @@ def summarize(log_history: list[dict]) -> dict:
     return out
 
 
+@contextmanager
+def decoding_through_generate():
+    """The baseline's constrained decoding: ``generate`` with ``prefix_allowed_tokens_fn``, one pass per token."""
+    from recruit_trl.models import generation
+
+    tree_walk = generation.decode_tree
+
+    def through_generate(model, batch, trees, config, pad_id, check_unchanged=False):
+        ends = {tok for tree in trees for tok in _leaf_tokens(tree)}
+        return generation.generate_batch(model, batch, config, ends, pad_id, trees, check_unchanged)
+
+    generation.decode_tree = through_generate
+    try:
+        yield
+    finally:
+        generation.decode_tree = tree_walk
+
+
+def _leaf_tokens(tree: dict) -> set[int]:
+    """The tokens that end an answer (their node has no children)."""
+    out, stack = set(), [tree]
+    while stack:
+        for tok, child in stack.pop().items():
+            if child:
+                stack.append(child)
+            else:
+                out.add(tok)
+    return out
+
+
 def parse_args(argv: list[str] | None = None):
     """``(BenchArguments, ScriptArguments, GRPOConfig, ModelConfig)`` from the command line, parsed like the GRPO
     recipe's (``--config file.yaml`` included) with its CPU and model defaults, and no warm start or report.
@@ -90,6 +131,8 @@ def parse_args(argv: list[str] | None = None):
         raise ValueError("bench_rollout trains the base model only: drop --warm_start, --sft_adapter and --report")
     if training_args.use_vllm:
         raise ValueError("recruit_trl rollouts generate with transformers; vLLM is not supported (drop --use_vllm)")
+    if bench.compare_baseline and not script_args.constrained_decoding:
+        raise ValueError("--compare_baseline compares constrained decoding paths: add --constrained_decoding true")
     training_args.max_steps = bench.steps
     return bench, script_args, training_args, model_args
 
@@ -144,11 +187,16 @@ def main(argv: list[str] | None = None) -> int:
         bench, script_args, training_args, model_args = parse_args(
             ["--output_dir", out_dir, "--save_strategy", "no", *argv]
         )
+        baseline = None
+        if bench.compare_baseline:
+            with decoding_through_generate():
+                baseline = summarize(train(script_args, training_args, model_args).state.log_history)
         start = time.perf_counter()
         trainer = train(script_args, training_args, model_args)
         wall = time.perf_counter() - start
+    figures = summarize(trainer.state.log_history)
     report = {
-        "figures": summarize(trainer.state.log_history),
+        "figures": figures,
         "config": {
             "mode": script_args.mode,
             "steps": bench.steps,
@@ -162,6 +210,14 @@ def main(argv: list[str] | None = None) -> int:
         },
         "machine": {"python": platform.python_version(), "processor": platform.machine()},
     }
+    if baseline is not None:
+        report["baseline"] = baseline
+        report["ratio"] = {
+            name: round(figures[name] / baseline[name], 2) if figures[name] and baseline[name] else None
+            for name in (*RATES, "seconds_per_step", "rollout_seconds")
+        }
+        print(f"baseline (decoding through generate): {baseline}")
+        print(f"ratio (current / baseline): {report['ratio']}")
     width = max(len(k) for k in report["figures"])
     for key, value in report["figures"].items():
         print(f"{key:<{width}}  {value}")

@@ -5,6 +5,7 @@ distribution as transformers' warpers."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -92,3 +93,31 @@ def test_a_branch_is_drawn_from_what_transformers_warpers_leave():
         scores = TopPLogitsWarper(top_p)(None, scores)
         expected = torch.log_softmax(scores, dim=-1)[0, legal]
         assert branch_logprobs(vocab[legal], config).exp().tolist() == pytest.approx(expected.exp().tolist(), abs=1e-6)
+
+
+def test_the_benchmark_compares_tree_decoding_with_decoding_through_generate(warm_model, tmp_path, monkeypatch):
+    from recruit_trl import bench_rollout
+
+    flags = [
+        "--steps", "2", "--model_name_or_path", warm_model, "--anchor_seeds", "100", "--anchor_days", "0-60:20",
+        "--tasks", "easy_bench", "--per_device_train_batch_size", "8", "--num_generations", "4", "--horizon", "2",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="add --constrained_decoding true"):
+        bench_rollout.parse_args([*flags, "--output_dir", str(tmp_path), "--compare_baseline", "true"])
+    out = tmp_path / "bench.json"
+    calls = []
+    real = bench_rollout.train
+
+    def counting(*args):
+        from recruit_trl.models import generation
+
+        calls.append(generation.decode_tree.__name__)
+        return real(*args)
+
+    monkeypatch.setattr(bench_rollout, "train", counting)
+    argv = [*flags, "--constrained_decoding", "true", "--compare_baseline", "true", "--json", str(out)]
+    assert bench_rollout.main(argv) == 0
+    assert calls == ["through_generate", "decode_tree"]  # the baseline first, then the tree walk
+    report = json.loads(out.read_text())
+    assert report["baseline"]["decisions_played_per_second"] > 0
+    assert report["ratio"]["decisions_played_per_second"] > 0
