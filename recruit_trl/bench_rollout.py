@@ -87,7 +87,7 @@ def summarize(log_history: list[dict]) -> dict:
 @contextmanager
 def decoding_through_generate():
     """The baseline's constrained decoding: ``generate`` with ``prefix_allowed_tokens_fn``, one pass per token."""
-    from recruit_trl.models import generation
+    import recruit_trl.models.generation as generation  # torch: imported when the benchmark runs
 
     tree_walk = generation.decode_tree
 

@@ -142,7 +142,9 @@ class _ScriptedSampler:
     def __init__(self, tokenizer, texts):
         self.tokenizer, self.texts = tokenizer, texts
 
-    def __call__(self, model, tokenizer, prompt_ids, generation_config, max_new_tokens, chunk_size=64, allowed=None):
+    def __call__(
+        self, model, tokenizer, prompt_ids, generation_config, max_new_tokens, chunk_size=64, allowed=None, legal=None
+    ):
         ids = [
             self.tokenizer(self.texts[k % len(self.texts)], add_special_tokens=False)["input_ids"]
             + [self.tokenizer.eos_token_id]

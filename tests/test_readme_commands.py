@@ -56,6 +56,9 @@ COVERAGE = {
         "tests/test_recipes.py::test_smollm2_trains_one_lora_sft_step_and_one_lora_grpo_step"
     ),
     r"bash recipes/gpu_check\.sh( --dry_run)?": "tests/test_gpu_check.py::test_gpu_check_dry_run_writes_measurements",
+    r"python docs/results/conquest_power\.py --games 400 --json \S+": (
+        "tests/test_conquest_power.py::test_the_power_calculation_reads_the_duel_runs"
+    ),
     r"python recipes/sft_clinical\.py --teacher expert": "tests/test_recipes.py::test_sft_recipe_trains_and_reports",
     r"python recipes/grpo_environment_factory\.py( --max_steps \d+ --output_dir \S+)?": (
         "tests/test_tool_env.py::test_recipe_trains_one_step_and_saves_the_adapter"

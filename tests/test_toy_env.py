@@ -96,7 +96,9 @@ class ScriptedSampler:
     def __init__(self, tokenizer, text):
         self.ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
-    def __call__(self, model, tokenizer, prompt_ids, generation_config, max_new_tokens, chunk_size=64, allowed=None):
+    def __call__(
+        self, model, tokenizer, prompt_ids, generation_config, max_new_tokens, chunk_size=64, allowed=None, legal=None
+    ):
         return [list(self.ids) for _ in prompt_ids], [[-0.5] * len(self.ids) for _ in prompt_ids]
 
 
