@@ -12,10 +12,12 @@ seconds per optimizer step, decisions the policy played and decisions trained on
 call per optimizer step, TRL's default), generated tokens per environment decision, prompt tokens per decision, the
 environment's share of rollout time, environment steps per sample, and the fraction of zero-variance groups.
 
-``--compare_baseline`` (with ``--constrained_decoding true``) first runs the same steps with constrained decoding
-through ``generate`` (one model pass per answer token, the path before the tree walk of
-:func:`recruit_trl.models.generation.decode_tree`), then the current path, and reports both and their ``ratio``
-(current over baseline) for decisions played and trained per second.
+``--compare_baseline`` first runs the same steps on the baseline's paths (:func:`baseline_paths`: constrained
+decoding through ``generate``, one model pass per answer token, instead of the tree walk of
+:func:`recruit_trl.models.generation.decode_tree`; TRL's random micro-batches instead of
+:mod:`recruit_trl.training.length_batches`), then the current paths, and reports both and their ``ratio`` (current
+over baseline) for decisions played and trained per second. ``--profile`` adds where each step's seconds go
+(:mod:`recruit_trl.profiling`), for both runs with ``--compare_baseline``.
 """
 
 from __future__ import annotations
@@ -56,10 +58,16 @@ class BenchArguments:
 
     steps: int = field(default=6, metadata={"help": "Optimizer steps to run (sets --max_steps)."})
     json: str | None = field(default=None, metadata={"help": "Also write the figures to this JSON file."})
+    profile: bool = field(
+        default=False,
+        metadata={"help": "Also time where each step's seconds go (recruit_trl.profiling: prompts, prefill, decoding, "
+                  "environment, the trainer's forward, loss, backward, optimizer, the rest), per step after the "
+                  "first."},
+    )  # fmt: skip
     compare_baseline: bool = field(
         default=False,
-        metadata={"help": "Run the steps twice, first with constrained decoding through generate (the baseline), and "
-                  "report both and their ratio; needs --constrained_decoding true."},
+        metadata={"help": "Run the steps twice, first on the baseline's paths (constrained decoding through generate, "
+                  "TRL's random micro-batches), and report both and their ratio."},
     )  # fmt: skip
 
 
@@ -85,21 +93,27 @@ def summarize(log_history: list[dict]) -> dict:
 
 
 @contextmanager
-def decoding_through_generate():
-    """The baseline's constrained decoding: ``generate`` with ``prefix_allowed_tokens_fn``, one pass per token."""
+def baseline_paths():
+    """The paths the baseline runs: constrained decoding through ``generate`` with ``prefix_allowed_tokens_fn`` (one
+    pass per answer token) and TRL's own split of a generation batch into micro-batches (shuffled rows, every
+    micro-batch as wide as the batch's longest prompt)."""
     import recruit_trl.models.generation as generation  # torch: imported when the benchmark runs
+    from recruit_trl.training.length_batches import LengthSortedBatches
 
-    tree_walk = generation.decode_tree
+    tree_walk, sorted_split = generation.decode_tree, LengthSortedBatches._prepare_inputs
 
     def through_generate(model, batch, trees, config, pad_id, check_unchanged=False):
         ends = {tok for tree in trees for tok in _leaf_tokens(tree)}
         return generation.generate_batch(model, batch, config, ends, pad_id, trees, check_unchanged)
 
-    generation.decode_tree = through_generate
+    def trl_split(self, generation_batch):
+        return super(LengthSortedBatches, self)._prepare_inputs(generation_batch)
+
+    generation.decode_tree, LengthSortedBatches._prepare_inputs = through_generate, trl_split
     try:
         yield
     finally:
-        generation.decode_tree = tree_walk
+        generation.decode_tree, LengthSortedBatches._prepare_inputs = tree_walk, sorted_split
 
 
 def _leaf_tokens(tree: dict) -> set[int]:
@@ -131,16 +145,21 @@ def parse_args(argv: list[str] | None = None):
         raise ValueError("bench_rollout trains the base model only: drop --warm_start, --sft_adapter and --report")
     if training_args.use_vllm:
         raise ValueError("recruit_trl rollouts generate with transformers; vLLM is not supported (drop --use_vllm)")
-    if bench.compare_baseline and not script_args.constrained_decoding:
-        raise ValueError("--compare_baseline compares constrained decoding paths: add --constrained_decoding true")
     training_args.max_steps = bench.steps
     return bench, script_args, training_args, model_args
 
 
 def train(script_args, training_args, model_args):
-    """Build the GRPO trainer the recipe builds without a warm start (environment, model, anchors, rollouts,
-    rewards; episode mode: the rows' own advantages; the control with ``--shuffle_advantages``) and train it for
-    ``training_args.max_steps`` steps; returns the trainer."""
+    """Build the GRPO trainer (:func:`build`) and train it for ``training_args.max_steps`` steps; returns the
+    trainer."""
+    trainer, _ = build(script_args, training_args, model_args)
+    trainer.train()
+    return trainer
+
+
+def build(script_args, training_args, model_args):
+    """The GRPO trainer the recipe builds without a warm start (environment, model, anchors, rollouts, rewards;
+    episode mode: the rows' own advantages; the control with ``--shuffle_advantages``), and its rollout function."""
     import torch
     from transformers import AutoTokenizer
     from trl import GRPOTrainer, get_peft_config
@@ -175,8 +194,25 @@ def train(script_args, training_args, model_args):
         rollout_func=rollout,
     )
     keep_4bit_layers_trainable(trainer.model)
-    trainer.train()
-    return trainer
+    return trainer, rollout
+
+
+def profiled_train(script_args, training_args, model_args):
+    """:func:`train`, timed by share (:func:`recruit_trl.profiling.profile_training`); returns the trainer and
+    ``{"seconds_per_step": by share after the first step, "padding": the share of padding positions by share}``."""
+    from recruit_trl.profiling import profile_training  # torch
+
+    trainer, rollout = build(script_args, training_args, model_args)
+    with profile_training(trainer, rollout) as timed:
+        trainer.train()
+    return trainer, {"seconds_per_step": timed.per_step(), "padding": timed.padding()}
+
+
+def run(bench: BenchArguments, script_args, training_args, model_args):
+    """Train for the benchmark: ``(trainer, profile)``, the profile ``None`` without ``--profile``."""
+    if bench.profile:
+        return profiled_train(script_args, training_args, model_args)
+    return train(script_args, training_args, model_args), None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,12 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         bench, script_args, training_args, model_args = parse_args(
             ["--output_dir", out_dir, "--save_strategy", "no", *argv]
         )
-        baseline = None
+        baseline, baseline_shares = None, None
         if bench.compare_baseline:
-            with decoding_through_generate():
-                baseline = summarize(train(script_args, training_args, model_args).state.log_history)
+            with baseline_paths():
+                trainer, baseline_shares = run(bench, script_args, training_args, model_args)
+            baseline = summarize(trainer.state.log_history)
         start = time.perf_counter()
-        trainer = train(script_args, training_args, model_args)
+        trainer, shares = run(bench, script_args, training_args, model_args)
         wall = time.perf_counter() - start
     figures = summarize(trainer.state.log_history)
     report = {
@@ -210,17 +247,28 @@ def main(argv: list[str] | None = None) -> int:
         },
         "machine": {"python": platform.python_version(), "processor": platform.machine()},
     }
+    if shares:
+        report["profile"] = shares
     if baseline is not None:
         report["baseline"] = baseline
+        if baseline_shares:
+            report["baseline_profile"] = baseline_shares
         report["ratio"] = {
             name: round(figures[name] / baseline[name], 2) if figures[name] and baseline[name] else None
             for name in (*RATES, "seconds_per_step", "rollout_seconds")
         }
-        print(f"baseline (decoding through generate): {baseline}")
+        print(f"baseline (decoding through generate, TRL's micro-batches): {baseline}")
         print(f"ratio (current / baseline): {report['ratio']}")
     width = max(len(k) for k in report["figures"])
     for key, value in report["figures"].items():
         print(f"{key:<{width}}  {value}")
+    for name, profile in (("baseline", baseline_shares), ("current", shares)):
+        if profile:
+            from recruit_trl.profiling import share_table
+
+            print(f"where the seconds of a step go ({name} paths):")
+            print(share_table(profile["seconds_per_step"], unit="s/step"))
+            print(f"padding share of the model's positions: {profile['padding']}")
     print(json.dumps(report, indent=2))
     if bench.json:
         write_json_atomic(bench.json, report)

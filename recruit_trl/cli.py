@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import sys
+import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -122,6 +123,9 @@ def _add_eval(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", help="write a PNG comparing the policies' final scores")
     p.add_argument("--trace", help="write every decision (action, teacher's action, outcome) as JSON lines here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--profile", action="store_true", help="print where the model policies' seconds go (with --workers 1)"
+    )
     p.set_defaults(func=cmd_eval)
 
 
@@ -142,8 +146,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
         workers=args.workers,
         constrained=args.constrained,
     )
-    report = evaluate(args.policy, config, progress=not args.no_progress, trace_path=args.trace)
+    if args.profile and args.workers > 1:
+        print("recruit-trl eval: error: --profile times this process only: use --workers 1", file=sys.stderr)
+        return 2
+    if args.profile:
+        from recruit_trl.profiling import profile_evaluation, share_table  # torch
+
+        start = time.perf_counter()
+        with profile_evaluation(get_env_interface(args.env)) as profile:
+            report = evaluate(args.policy, config, progress=not args.no_progress, trace_path=args.trace)
+        report["profile"] = profile.totals(time.perf_counter() - start)
+    else:
+        report = evaluate(args.policy, config, progress=not args.no_progress, trace_path=args.trace)
     print(format_results(report["results"]))
+    if args.profile:
+        print(share_table(report["profile"]))
     if args.trace:
         print(f"wrote {args.trace}")
     if args.json:

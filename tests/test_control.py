@@ -13,6 +13,7 @@ import recruit_trl.pipeline as pipeline
 from recruit_trl.rollout.config import MODE_FLAGS, RolloutConfig
 from recruit_trl.training.control import ShuffledAdvantages, control_trainer, rl_trainer_class
 from recruit_trl.training.episode_trainer import EpisodeAdvantages
+from recruit_trl.training.length_batches import LengthSortedBatches
 from recruit_trl.training.reinforce import ReinforceTrainer
 
 SMALL = [
@@ -100,7 +101,8 @@ def test_the_control_is_the_outermost_override_in_every_mode():
             assert issubclass(cls, EpisodeAdvantages) == (mode == "episode")
             credit = rl_trainer_class(base, mode, False)
             assert issubclass(credit, base) and not issubclass(credit, ShuffledAdvantages)
-            assert credit is base or mode == "episode"
+            assert issubclass(credit, LengthSortedBatches) and issubclass(cls, LengthSortedBatches)
+            assert credit.__bases__ == (LengthSortedBatches, base) or mode == "episode"
     once = control_trainer(GRPOTrainer)
     assert control_trainer(once) is once
 

@@ -131,6 +131,7 @@ ROOM_LEVELS = {
     "rollout": 2,
     "evaluation": 3, "decisions": 3,
     "training": 4,
+    "profiling": 4,
     "pipeline": 5, "bench_rollout": 5, "learning_check": 5, "cli": 6, "__main__": 7,
 }  # fmt: skip
 

@@ -95,29 +95,34 @@ def test_a_branch_is_drawn_from_what_transformers_warpers_leave():
         assert branch_logprobs(vocab[legal], config).exp().tolist() == pytest.approx(expected.exp().tolist(), abs=1e-6)
 
 
-def test_the_benchmark_compares_tree_decoding_with_decoding_through_generate(warm_model, tmp_path, monkeypatch):
+def test_the_benchmark_compares_the_current_paths_with_the_baselines_and_profiles_both(
+    warm_model, tmp_path, monkeypatch
+):
     from recruit_trl import bench_rollout
+    from recruit_trl.training.length_batches import LengthSortedBatches
 
     flags = [
         "--steps", "2", "--model_name_or_path", warm_model, "--anchor_seeds", "100", "--anchor_days", "0-60:20",
         "--tasks", "easy_bench", "--per_device_train_batch_size", "8", "--num_generations", "4", "--horizon", "2",
     ]  # fmt: skip
-    with pytest.raises(ValueError, match="add --constrained_decoding true"):
-        bench_rollout.parse_args([*flags, "--output_dir", str(tmp_path), "--compare_baseline", "true"])
     out = tmp_path / "bench.json"
     calls = []
-    real = bench_rollout.train
+    real = bench_rollout.profiled_train
 
     def counting(*args):
         from recruit_trl.models import generation
 
-        calls.append(generation.decode_tree.__name__)
+        calls.append((generation.decode_tree.__name__, LengthSortedBatches._prepare_inputs.__name__))
         return real(*args)
 
-    monkeypatch.setattr(bench_rollout, "train", counting)
-    argv = [*flags, "--constrained_decoding", "true", "--compare_baseline", "true", "--json", str(out)]
-    assert bench_rollout.main(argv) == 0
-    assert calls == ["through_generate", "decode_tree"]  # the baseline first, then the tree walk
+    monkeypatch.setattr(bench_rollout, "profiled_train", counting)
+    argv = [*flags, "--constrained_decoding", "true", "--compare_baseline", "true", "--profile", "true"]
+    assert bench_rollout.main([*argv, "--json", str(out)]) == 0
+    # the baseline first (decoding through generate, TRL's split), then the tree walk and the length-sorted split
+    assert calls == [("through_generate", "trl_split"), ("decode_tree", "_prepare_inputs")]
     report = json.loads(out.read_text())
+    for profile in (report["profile"], report["baseline_profile"]):
+        assert profile["seconds_per_step"]["total"] > 0 and profile["seconds_per_step"]["prefill"] > 0
+        assert 0 <= profile["padding"]["trainer_forward"] < 1
     assert report["baseline"]["decisions_played_per_second"] > 0
     assert report["ratio"]["decisions_played_per_second"] > 0

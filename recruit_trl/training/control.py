@@ -18,6 +18,7 @@ import torch
 
 from recruit_trl.training.episode_trainer import episode_trainer
 from recruit_trl.training.legal_logprobs import legal_trainer
+from recruit_trl.training.length_batches import length_sorted_trainer
 
 
 class ShuffledAdvantages:
@@ -46,9 +47,10 @@ def control_trainer(trainer_cls: type) -> type:
 
 
 def rl_trainer_class(trainer_cls: type, mode: str, shuffle_advantages: bool, constrained: bool = False) -> type:
-    """The trainer class of an RL run: ``trainer_cls``, on the log-probabilities of the legal tokens when the rollouts
-    decode ``constrained``, trained on the rows' own advantages in episode mode, and with the advantages permuted
-    among the rows when ``shuffle_advantages`` (the control)."""
+    """The trainer class of an RL run: ``trainer_cls`` with micro-batches of similar prompt lengths, on the
+    log-probabilities of the legal tokens when the rollouts decode ``constrained``, trained on the rows' own advantages
+    in episode mode, and with the advantages permuted among the rows when ``shuffle_advantages`` (the control)."""
+    trainer_cls = length_sorted_trainer(trainer_cls)
     if constrained:
         trainer_cls = legal_trainer(trainer_cls)
     if mode == "episode":

@@ -1,0 +1,91 @@
+"""Micro-batches of similar prompt lengths (recruit_trl.training.length_batches): the split by hand, and one optimizer
+step's gradient equal to the one TRL's random split gives for the same generation batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from recruit_trl.training.length_batches import length_sorted_split
+
+
+def left_padded(lengths: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for r, n in enumerate(lengths):
+        ids[r, width - n :] = torch.arange(1, n + 1) + 10 * r
+        mask[r, width - n :] = 1
+    return ids, mask
+
+
+def test_rows_are_split_by_prompt_length_and_each_micro_batch_is_as_wide_as_its_longest_prompt():
+    ids, mask = left_padded([3, 1, 6, 2], width=6)
+    batch = {
+        "prompt_ids": ids, "prompt_mask": mask, "completion_ids": torch.arange(8).view(4, 2),
+        "advantages": torch.tensor([0.3, 0.1, 0.6, 0.2]), "num_items_in_batch": torch.tensor(8), "names": list("abcd"),
+        "old_per_token_logps": None,
+    }  # fmt: skip
+    short, long = length_sorted_split(batch, 2)
+    assert short["advantages"].tolist() == pytest.approx([0.1, 0.2]) and short["names"] == ["b", "d"]
+    assert long["advantages"].tolist() == pytest.approx([0.3, 0.6]) and long["names"] == ["a", "c"]
+    assert short["prompt_ids"].shape == (2, 2) and long["prompt_ids"].shape == (2, 6)
+    assert short["prompt_ids"].tolist() == [[0, 11], [31, 32]]  # every row's tokens kept, left padding cut
+    assert short["completion_ids"].tolist() == [[2, 3], [6, 7]]
+    assert short["num_items_in_batch"] is batch["num_items_in_batch"] and short["old_per_token_logps"] is None
+    with pytest.raises(ValueError, match="do not split into 3"):
+        length_sorted_split(batch, 3)
+
+
+def test_an_optimizer_step_gets_the_gradient_of_trls_split(warm_model, tmp_path):
+    """The same generation batch (the first step's rollout, before either split draws from the RNG) trained by TRL's
+    shuffled split and by the length-sorted one: the gradients summed over the 4 micro-batches agree to rounding."""
+    from recruit_trl import bench_rollout
+
+    flags = [
+        "--steps", "1", "--model_name_or_path", warm_model, "--anchor_seeds", "100", "--anchor_days", "0-60:20",
+        "--tasks", "easy_bench", "hard_bench", "--per_device_train_batch_size", "4", "--num_generations", "4",
+        "--gradient_accumulation_steps", "4", "--horizon", "2", "--use_peft", "false", "--output_dir", str(tmp_path),
+        "--save_strategy", "no", "--learning_rate", "0",
+    ]  # fmt: skip
+
+    def step_gradient(baseline: bool) -> tuple[dict[str, torch.Tensor], int]:
+        torch.manual_seed(0)
+        _, script_args, training_args, model_args = bench_rollout.parse_args(flags)
+        grads, widths = {}, []
+        if baseline:
+            with bench_rollout.baseline_paths():
+                trainer, _ = bench_rollout.build(script_args, training_args, model_args)
+        else:
+            trainer, _ = bench_rollout.build(script_args, training_args, model_args)
+        real = trainer.compute_loss
+
+        def record(model, inputs, *args, **kwargs):
+            widths.append(inputs["prompt_ids"].size(1))
+            return real(model, inputs, *args, **kwargs)
+
+        trainer.compute_loss = record
+
+        def keep(optimizer, *_):
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        grads[len(grads)] = p.grad.detach().clone()
+
+        handle = register_optimizer_step_pre_hook(keep)
+        try:
+            if baseline:
+                with bench_rollout.baseline_paths():
+                    trainer.train()
+            else:
+                trainer.train()
+        finally:
+            handle.remove()
+        return grads, sum(widths)
+
+    trl_grads, trl_width = step_gradient(baseline=True)
+    sorted_grads, sorted_width = step_gradient(baseline=False)
+    assert trl_grads and len(trl_grads) == len(sorted_grads)
+    for k, grad in trl_grads.items():
+        assert torch.allclose(grad, sorted_grads[k], rtol=1e-4, atol=1e-6), k
+    assert sorted_width < trl_width  # the prompts of easy and hard differ in length: narrower micro-batches
