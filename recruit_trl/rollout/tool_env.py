@@ -210,7 +210,7 @@ class ToolEnvironment:
             return 0.0, {getattr(f, "__name__", str(f)): 0.0 for f in self.reward_funcs}
         fields = {name: [row[name] for row in rows] for name in (*self.interface.reward_fields, *ROW_FIELDS)}
         totals, parts = weighted_rewards(self.reward_funcs, self.reward_weights, fields, [r["text"] for r in rows])
-        sums = {name: sum(v for v in values if v is not None) for name, values in parts.items()}
+        sums = {name: sum((v for v in values if v is not None), 0.0) for name, values in parts.items()}
         return float(sum(totals)), sums
 
     @property
