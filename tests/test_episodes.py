@@ -4,10 +4,14 @@ TRL (environment text only ever in the prompt), and a training step through the 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
+import torch
+import toy_env
 from recipe_files import load_recipe
 from test_rollout import ScriptedSampler
+from toy_env import ToyInterface
 from trl import GRPOTrainer
 
 import recruit_trl.rollout.rollout_funcs as rollout_mod
@@ -22,9 +26,11 @@ from recruit_trl.rollout.advantages import (
 )
 from recruit_trl.rollout.anchors import Anchor
 from recruit_trl.rollout.config import RolloutConfig
-from recruit_trl.rollout.rollout_funcs import EpisodeRollout, make_rollout
+from recruit_trl.rollout.rollout_funcs import BranchRollout, EpisodeRollout, make_rollout
+from recruit_trl.rollout.tool_env import environment_factory
 from recruit_trl.traces import collect_traces
 from recruit_trl.training.episode_trainer import EpisodeAdvantages, episode_trainer
+from rewards import get_reward_funcs, weighted_rewards
 
 CONQUEST = get_env_interface("conquest")
 
@@ -118,16 +124,16 @@ def test_the_rollout_centres_each_group_on_its_own(tokenizer, monkeypatch):
     assert totals == pytest.approx([0.0, 0.0], abs=1e-9)
 
 
-def test_conquest_offers_a_win_outcome_a_potential_and_state_keys():
+def test_conquest_offers_a_potential_and_state_keys():
     env = CONQUEST.make_env("duel")
     obs, _ = env.reset(seed=3)
     seat = obs["agent_seat"]
     expected = 0.5 * obs["territory_counts"][seat] / 42 + 0.5 * obs["army_totals"][seat] / sum(obs["army_totals"])
-    assert CONQUEST.potential(obs) == pytest.approx(expected)
-    assert CONQUEST.episode_outcome(obs, {"outcome": "win"}) == 1.0
-    assert CONQUEST.episode_outcome(obs, {"outcome": "timeout"}) == 0.0  # holding the board at the limit is no win
+    assert CONQUEST.potential(obs) == pytest.approx(expected) and CONQUEST.has_potential()
     new, reward, *_ = env.step(CONQUEST.candidate_actions(obs)[0])
-    assert CONQUEST.step_reward(obs, new, reward) == pytest.approx(CONQUEST.potential(new) - CONQUEST.potential(obs))
+    assert CONQUEST.potential_change(obs, new) == pytest.approx(CONQUEST.potential(new) - CONQUEST.potential(obs))
+    clinical = get_env_interface("clinical")
+    assert not clinical.has_potential() and clinical.potential_change(obs, new) is None
     assert CONQUEST.state_key({**obs, "events": ["something else"]}) == CONQUEST.state_key(obs)
     assert CONQUEST.state_key(new) != CONQUEST.state_key(obs)
 
@@ -256,3 +262,149 @@ def test_the_training_loop_benchmark_trains_episode_mode_on_its_rows_advantages(
     trainer = bench_rollout.train(script_args, training_args, model_args)
     assert isinstance(trainer, EpisodeAdvantages)
     assert len(trainer.train_dataset) >= training_args.generation_batch_size // training_args.num_generations
+
+
+# --------------------------------------------------------------------------------------------- one meaning of rewards
+class StandingToy(ToyInterface):
+    """The number-line walk with a potential: minus the distance to the target, as a share of the target."""
+
+    name = "toy_standing"
+
+    def potential(self, obs):
+        return -abs(obs["target"] - obs["position"]) / obs["target"]
+
+
+STANDING = StandingToy()
+# Every kind of field a step row has: validity, the action's shaping, the final score, the potential, the
+# environment's components (closer_reward: the walk's own function, outside the rewards package).
+TOY_REWARDS = ["format_reward", "action_shaping_reward", "final_score_reward", "potential_reward",
+               "env_return_reward", "tests.toy_env:closer_reward"]  # fmt: skip
+TOY_WEIGHTS = [0.5, 2.0, 1.0, 3.0, -0.25, 0.75]
+ANSWERS = ['{"action_index": 1}', '{"action_index": 0}', "no idea"]  # right, left, the fallback (toward the target)
+
+
+@pytest.fixture(scope="module")
+def toy_tokenizer():
+    rows = collect_traces(STANDING, ["near", "far"], range(1), epsilon=0.3, relabel=False)
+    texts = [m["content"] for r in rows for m in r["messages"]] + [r["completion"] for r in rows] + ANSWERS
+    return build_tokenizer(texts, vocab_size=512)
+
+
+def toy_rollout(cls, tokenizer, monkeypatch, weights=TOY_WEIGHTS, **config):
+    monkeypatch.setattr(rollout_mod, "sample", ScriptedSampler(tokenizer, ANSWERS))
+    config = RolloutConfig(env_name="tests.toy_env:TOY", continuation_policy="wanderer", **config)
+    if cls is BranchRollout:
+        return cls(config, STANDING)
+    return cls(config, STANDING, reward_funcs=get_reward_funcs(TOY_REWARDS), reward_weights=weights)
+
+
+def by_text(out, tokenizer) -> dict[str, dict]:
+    """The call's rows by the answer's text (one decision per answer here)."""
+    texts = tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True)
+    names = [k for k in out if k not in ("prompt_ids", "completion_ids", "logprobs")]
+    return {text: {name: out[name][i] for name in names} for i, text in enumerate(texts)}
+
+
+def test_episode_mode_advantages_follow_the_reward_weights_by_hand(toy_tokenizer, monkeypatch):
+    """Three one-decision episodes of the walk from one start, the continuation finishing each: a step row holds the
+    whole episode (the continuation is the last decision's), its step reward is the weighted reward functions, and
+    both levels compare it with the other episodes'. A weight changes the advantages exactly as computed by hand."""
+    anchor = Anchor("near", 7, 0, "wanderer")
+    hand_weights = [0.5, 2.0, 1.0, 3.0, -0.25, 0.75]
+
+    def advantages(weights):
+        rollout = toy_rollout(EpisodeRollout, toy_tokenizer, monkeypatch, weights=weights, mode="episode",
+                              episode_decisions=1, episode_weight=2.0, step_weight=0.5)  # fmt: skip
+        out = rollout([anchor.key()] * 3, None, model=object(), tokenizer=toy_tokenizer, step=0)
+        return by_text(out, toy_tokenizer)
+
+    rows = advantages(hand_weights)
+    assert set(rows) == set(ANSWERS)
+    for row in rows.values():  # the fields of the whole walk: it ended, and the distance closed is the potential's
+        assert row["final_score"] is not None and row["scored_steps"] >= 1
+        assert row["env_return"] == row["progress"] and row["potential_change"] == pytest.approx(row["progress"] / 3)
+
+    def step_reward(row, w):
+        return (w[0] * row["valid"] + w[1] * (row["action_shaping"] or 0.0) + w[2] * row["final_score"]
+                + w[3] * row["potential_change"] + w[4] * row["env_return"] + w[5] * row["progress"])  # fmt: skip
+
+    def by_hand(weights):
+        r = {text: step_reward(rows[text], weights) for text in ANSWERS}
+        # One decision each, all at the start's state: episode level and step level are both r_i - mean of the others.
+        return {t: (2.0 + 0.5) * (r[t] - sum(r[o] for o in ANSWERS if o != t) / 2) for t in ANSWERS}
+
+    assert {t: rows[t]["advantage"] for t in ANSWERS} == pytest.approx(by_hand(hand_weights))
+    assert len({round(rows[t]["advantage"], 9) for t in ANSWERS}) == 3
+    heavier = [2.0, *hand_weights[1:]]  # the format weight 0.5 -> 2.0: the fallback's answer (invalid) falls behind
+    again = advantages(heavier)
+    assert all(again[t]["final_score"] == rows[t]["final_score"] for t in ANSWERS)  # the same episodes
+    assert {t: again[t]["advantage"] for t in ANSWERS} == pytest.approx(by_hand(heavier))
+    change = {t: again[t]["advantage"] - rows[t]["advantage"] for t in ANSWERS}
+    others = {t: sum(rows[o]["valid"] for o in ANSWERS if o != t) / 2 for t in ANSWERS}
+    assert change == pytest.approx({t: 2.5 * 1.5 * (rows[t]["valid"] - others[t]) for t in ANSWERS})
+
+
+def test_a_step_row_is_its_decisions_own_step_and_the_last_carries_the_end(toy_tokenizer, monkeypatch):
+    """Several decisions: each row has its own step's fields, the final score is on the last row only, the step
+    rewards are the weighted functions on each row and the outcome their sum."""
+    rollout = toy_rollout(EpisodeRollout, toy_tokenizer, monkeypatch, mode="episode", episode_decisions=3)
+    episodes = rollout.play(None, object(), toy_tokenizer, None, [Anchor("far", 2, 1, "wanderer")], 3, step=1)
+    funcs = get_reward_funcs(TOY_REWARDS)
+    for e in episodes:
+        rows = e["rows"]
+        assert len(rows) == 3 and [r["final_score"] for r in rows[:-1]] == [None, None]
+        assert rows[-1]["final_score"] is not None and rows[-1]["scored_steps"] > 1  # the continuation's steps
+        assert all(r["scored_steps"] == 1 and r["progress"] in (-2.0, -1.0, 0.0, 1.0, 2.0) for r in rows[:-1])
+        assert sum(r["progress"] for r in rows) == pytest.approx(8 * sum(r["potential_change"] for r in rows))
+        fields = {name: [r[name] for r in rows] for name in rows[0] if name not in ("prompt_ids", "completion_ids")}
+        by_function = [f(completions=[""] * 3, **fields) for f in funcs]
+        hand = [sum(w * (v[d] or 0.0) for w, v in zip(TOY_WEIGHTS, by_function, strict=True)) for d in range(3)]
+        assert e["step_rewards"] == pytest.approx(hand) and e["outcome"] == pytest.approx(sum(hand))
+
+
+def test_the_same_flags_give_the_same_reward_in_branch_episode_and_tool_loop_mode(toy_tokenizer, monkeypatch):
+    """Where the modes score the same steps, the same reward functions and weights give the same number.
+
+    Branch mode scores a sampled action and its continuation; episode mode with one policy decision credits that
+    decision with the continuation: same start, same dice (gusts included), same continuation policy, so the branch's
+    reward and the decision's step reward agree for every answer. TRL's tool loop plays whole episodes from a reset,
+    with the environment's own dice: without gusts the walk is deterministic, and ``get_reward`` equals the episode's
+    outcome in episode mode for the same answers."""
+    funcs = get_reward_funcs(TOY_REWARDS)
+    anchor = Anchor("far", 4, 3, "wanderer")
+    branch = toy_rollout(BranchRollout, toy_tokenizer, monkeypatch)
+    branch_rows = by_text(branch([anchor.key()] * 3, None, model=object(), tokenizer=toy_tokenizer, step=2),
+                          toy_tokenizer)  # fmt: skip
+    fields = {name: [branch_rows[t][name] for t in ANSWERS] for name in branch_rows[ANSWERS[0]]}
+    branch_reward = dict(zip(ANSWERS, weighted_rewards(funcs, TOY_WEIGHTS, fields, ANSWERS)[0], strict=True))
+    episode = toy_rollout(EpisodeRollout, toy_tokenizer, monkeypatch, mode="episode", episode_decisions=1)
+    episodes = episode.play(None, object(), toy_tokenizer, None, [anchor], 3, step=2)
+    episode_reward = dict(zip(ANSWERS, [e["step_rewards"][0] for e in episodes], strict=True))
+    assert episode_reward == pytest.approx(branch_reward)
+    assert len({round(v, 9) for v in branch_reward.values()}) == 3  # the answers' rewards differ: a real comparison
+
+    monkeypatch.setattr(toy_env, "GUST", 0.0)
+    start = Anchor("near", 11, 0, "wanderer")
+    whole = toy_rollout(EpisodeRollout, toy_tokenizer, monkeypatch, mode="episode")
+    outcomes = [e["outcome"] for e in whole.play(None, object(), toy_tokenizer, None, [start], 3, step=0)]
+    tool = environment_factory("tests.toy_env:TOY", interface=STANDING, reward_funcs=TOY_REWARDS,
+                               reward_weights=TOY_WEIGHTS)()  # fmt: skip
+    for outcome, index in zip(outcomes, [1, 0, 99], strict=True):  # 99: unlisted, the fallback plays
+        tool.reset(task="near", seed=11)
+        while not tool.done:
+            tool.act(index)
+        assert tool.get_reward() == pytest.approx(outcome)
+    assert len({round(v, 9) for v in outcomes}) == 3
+
+
+def test_the_rollout_reads_the_trainers_reward_functions_and_weights():
+    """In training the step rewards are what TRL sums for a row: the trainer's functions and weights; without a
+    trainer, the rollout's own, else the plugin's defaults."""
+    funcs = get_reward_funcs(["win_reward", "potential_reward"])
+    rollout = EpisodeRollout(RolloutConfig(env_name="conquest", mode="episode"), reward_funcs=funcs[:1])
+    trainer = SimpleNamespace(reward_funcs=funcs, reward_weights=torch.tensor([2.0, 0.5]))
+    assert rollout.rewards(trainer) == (funcs, [2.0, 0.5])
+    assert rollout.rewards(None) == (funcs[:1], [1.0])
+    default = EpisodeRollout(RolloutConfig(env_name="conquest", mode="episode"))
+    assert [f.__name__ for f in default.rewards(None)[0]] == ["final_score_reward", "format_reward"]
+    assert default.rewards(None)[1] == [1.0, 0.5]

@@ -13,6 +13,7 @@ from recipe_files import load_recipe
 from recruit_trl.training.parsing import parse_or_exit
 
 ROOT = Path(__file__).parents[1]
+TWO_REWARDS = ["--reward_weights", "1", "1", "--reward_funcs", "final_score_reward"]  # and one more
 
 
 @pytest.mark.parametrize(
@@ -63,6 +64,9 @@ def test_a_bad_value_is_one_error_line_and_exit_status_2(tmp_path, recipe, flags
         (["--anchor_tasks", "easy"], r"--anchor_tasks: unknown task\(s\) \['easy'\]"),
         (["--load_in_4bit", "--rl_full_finetune", "true"], r"quantised model .* drop --rl_full_finetune true"),
         (["--use_vllm", "true"], r"--use_vllm: .*vLLM is not supported"),
+        # A reward that cannot apply in the mode or to the environment: refused, not silently missing.
+        (["--mode", "episode", *TWO_REWARDS, "teacher_match_reward"], r"teacher_match_reward .*: episode mode has no"),
+        ([*TWO_REWARDS, "potential_reward"], r"--reward_funcs potential_reward: this environment defines no potentia"),
     ],
 )
 def test_the_rl_recipe_refuses_a_bad_value_while_parsing(tmp_path, flags, named):
@@ -113,3 +117,16 @@ def test_parse_or_exit_prints_one_line_and_exits_2(capsys, monkeypatch):
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == "grpo_clinical.py: error: --flag must be >= 1, not 0\n"
     assert parse_or_exit(lambda: ("parsed",)) == ("parsed",)
+
+
+def test_each_mode_takes_the_environments_own_rewards():
+    """conquest declares its episode-mode rewards (recipe_defaults["rl/episode"]): the win and the change of its
+    potential; branch mode keeps the plugin's (the final score and format), and so does clinical in every mode."""
+    conquest = load_recipe("grpo_conquest")
+    branch, branch_training, _ = conquest.parse_args([])
+    assert (branch.reward_funcs, branch_training.reward_weights) == (["final_score_reward", "format_reward"], [1, 0.5])
+    episode, episode_training, _ = conquest.parse_args(["--mode", "episode"])
+    assert (episode.reward_funcs, episode_training.reward_weights) == (["win_reward", "potential_reward"], [1.0, 1.0])
+    clinical, clinical_training, _ = load_recipe("grpo_clinical").parse_args(["--mode", "episode"])
+    assert (clinical.reward_funcs, clinical_training.reward_weights) == (["final_score_reward", "format_reward"],
+                                                                         [1.0, 0.5])  # fmt: skip

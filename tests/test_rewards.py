@@ -15,8 +15,10 @@ from rewards import (
     get_reward_funcs,
     hypothesis_reward,
     milestone_reward,
+    potential_reward,
     screening_reward,
     teacher_match_reward,
+    weighted_rewards,
 )
 
 FIELDS = {
@@ -112,3 +114,23 @@ def test_a_reward_function_by_dotted_path_and_its_errors():
         get_reward_funcs(["rewards.generic:as_floats"])
     with pytest.raises(ValueError, match="available: .*win_reward.*package.module:function"):
         get_reward_funcs(["nosuch_reward"])
+
+
+def test_potential_reward_reads_the_change_of_the_potential_by_hand():
+    rows = {"potential_change": [0.125, -0.0625, None, 0.0]}  # None: an environment without a potential
+    assert potential_reward(["a", "b", "c", "d"], **rows) == [0.125, -0.0625, None, 0.0]
+    assert "potential_reward" in rewards.REWARD_FUNCS
+    with pytest.raises(ValueError, match="'potential_change'"):
+        potential_reward(["a"], valid=[1.0])
+
+
+def test_weighted_rewards_sum_as_trl_does_by_hand():
+    """sum_i w_i f_i(row), a None counting 0 (TRL's nansum), and each function's own values beside it."""
+    kw = {**FIELDS, "potential_change": [0.5, None, -0.25]}
+    funcs = get_reward_funcs(["final_score_reward", "format_reward", "potential_reward", "action_shaping_reward"])
+    totals, parts = weighted_rewards(funcs, [1.0, 0.5, 2.0, -1.0], kw, COMPLETIONS)
+    assert totals == pytest.approx([0.5 + 1.0 - 0.2, 0.61, 0.25 - 0.5 + 0.1])
+    assert parts["potential_reward"] == [0.5, None, -0.25] and parts["final_score_reward"] == [None, 0.61, None]
+    assert weighted_rewards(funcs[:1], None, kw, COMPLETIONS)[0] == [0.0, 0.61, 0.0]  # no weights: 1 each
+    with pytest.raises(ValueError, match="one weight per reward function"):
+        weighted_rewards(funcs, [1.0], kw, COMPLETIONS)

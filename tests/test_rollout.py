@@ -21,6 +21,7 @@ from recruit_trl.rollout.anchors import Anchor
 from recruit_trl.rollout.config import RolloutConfig
 from recruit_trl.rollout.rollout_funcs import BranchRollout, WindowRollout, env_turn_template, make_rollout
 from recruit_trl.traces import collect_traces
+from rewards import DEFAULT_REWARD_WEIGHTS, DEFAULT_REWARDS, get_reward_funcs, weighted_rewards
 
 INTERFACE = get_env_interface("clinical")
 ANCHORS = [Anchor("easy_bench", 101, 20), Anchor("hard_bench", 102, 60)]
@@ -84,6 +85,47 @@ def test_branch_output_contract(tokenizer, monkeypatch):
     # Common random numbers: the same action from the same anchor gives the same outcome.
     assert out["env_return"][0] == out["env_return"][1]
     assert "env_mask" not in out
+
+
+# Branch rows as commit 953f02c scored them (before episode mode and the tool loop read the reward functions too):
+# the walk (anchors on the wanderer's walks, the wanderer continuing to the end) and a conquest duel (30 decisions of
+# the balanced bot after the answer). Answers: index 1, index 3 (stop) / 0, unparsable, index 0 / 2.
+BRANCH_AT_953F02C = {
+    "tests.toy_env:TOY": (
+        [Anchor("near", 3, 2, "wanderer"), Anchor("far", 4, 5, "wanderer")],
+        ['{"action_index": 1}', '{"action_index": 3}', "no idea", '{"action_index": 0}'],
+        {"continuation_policy": "wanderer"},
+        {"valid": [1.0, 1.0, 0.0, 1.0] * 2, "action_shaping": [0.1, 0.0, None, 0.0] * 2,
+         "final_score": [0.6667, 0.6667, 0.6667, 1.0, 0.75, 0.625, 0.75, 0.75],
+         "env_return": [0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0], "progress": [0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0],
+         "scored_steps": [10.0, 1.0, 10.0, 10.0, 7.0, 1.0, 7.0, 7.0]},
+        [1.1667, 1.1667, 0.6667, 1.5, 1.25, 1.125, 0.75, 1.25],
+    ),
+    "conquest": (
+        [Anchor("duel", 5, 0, "teacher")],
+        ['{"action_index": 1}', '{"action_index": 0}', "x", '{"action_index": 2}'],
+        {"continuation_policy": "balanced", "horizon": 30},
+        {"valid": [1.0, 1.0, 0.0, 1.0], "action_shaping": [0.0, 0.0, None, 0.0], "final_score": [None] * 4,
+         "continent": [0.0, 0.16, 0.16, 0.0], "elimination": [0.0] * 4, "invalid": [0.0] * 4, "outcome": [0.0] * 4,
+         "territory": [-0.01, 0.01, 0.01, -0.06], "scored_steps": [31.0] * 4},
+        [0.5, 0.5, 0.0, 0.5],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("env_name", list(BRANCH_AT_953F02C))
+def test_branch_mode_with_the_default_rewards_scores_as_before(tokenizer, monkeypatch, env_name):
+    """Branch mode's meaning did not move: the same rows and, under the default flags (final score 1.0, format
+    0.5), the same rewards as at commit 953f02c, to the digit."""
+    anchors, texts, config, fields, rewards_then = BRANCH_AT_953F02C[env_name]
+    monkeypatch.setattr(rollout_mod, "sample", ScriptedSampler(tokenizer, texts))
+    rollout = BranchRollout(RolloutConfig(env_name=env_name, **config))
+    out = rollout([a.key() for a in anchors for _ in range(4)], None, model=object(), tokenizer=tokenizer, step=3)
+    for name, values in fields.items():
+        assert out[name] == pytest.approx(values), name
+    totals, _ = weighted_rewards(get_reward_funcs(DEFAULT_REWARDS), DEFAULT_REWARD_WEIGHTS, out, out["completion_ids"])
+    assert totals == pytest.approx(rewards_then)
+    assert (DEFAULT_REWARDS, DEFAULT_REWARD_WEIGHTS) == (("final_score_reward", "format_reward"), (1.0, 0.5))
 
 
 def test_branch_is_deterministic_per_step_and_reseeds_across_steps(tokenizer, monkeypatch):

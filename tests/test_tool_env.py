@@ -24,6 +24,7 @@ from recruit_trl.rollout.tool_env import (
     ToolEnvironment,
     environment_dataset,
     environment_factory,
+    reward_part_funcs,
     tool_calling_tokenizer,
 )
 
@@ -109,7 +110,7 @@ def test_an_action_the_environment_rejects_plays_the_fallback(monkeypatch):
 
 @pytest.mark.parametrize(("name", "task"), CASES)
 def test_a_whole_episode_ends_with_the_final_score(name, task):
-    env = environment_factory(name)()
+    env = environment_factory(name, reward_funcs=["final_score_reward"])()
     text = env.reset(task=task, seed=2)
     interface, direct, obs = twin(name, task, 2)
     while not env.done:
@@ -119,27 +120,74 @@ def test_a_whole_episode_ends_with_the_final_score(name, task):
     final = interface.final_score(info)
     assert final is not None and env.final_score == final
     assert text == f"Episode over after {env.decisions} decisions: {interface.outcome(info)}, final score {final:.6g}."
-    assert env.get_reward() == final and (env.reward_kind, env.cut_by) == ("final_score", None)
+    assert env.get_reward() == final and env.cut_by is None  # the final score is on the last step's row only
     decisions = env.decisions
     assert env.act(0).startswith("The episode is over; nothing was played.")
     assert (env.decisions, env.calls_after_end, env.get_reward()) == (decisions, 1, final)
 
 
-def test_a_cut_episode_is_scored_by_its_running_return_and_says_why():
-    cls = environment_factory("conquest", max_tool_calls=2)
+CONQUEST_PARTS = ["territory_reward", "continent_reward", "elimination_reward", "invalid_penalty", "outcome_reward"]
+
+
+def test_a_cut_episode_is_scored_by_its_steps_and_says_why():
+    # conquest's step reward is the sum of its components: their functions, weight 1 each, sum to the running return.
+    cls = environment_factory("conquest", max_tool_calls=2, reward_funcs=CONQUEST_PARTS)
     env = cls()
     env.reset(task="duel", seed=4)
-    assert env.get_reward() == 0.0 and (env.reward_kind, env.cut_by) == ("running_return", "no_tool_call")
+    assert env.get_reward() == 0.0 and env.cut_by == "no_tool_call"
     env.act(0)
     env.act(1)
-    assert not env.done and env.get_reward() == env.running_return != 0.0
-    assert (env.reward_kind, env.cut_by) == ("running_return", "tool_call_budget")
+    assert not env.done and env.get_reward() == pytest.approx(env.running_return) and env.running_return != 0.0
+    assert env.cut_by == "tool_call_budget"
     never_reset = environment_factory("conquest")()
     assert never_reset.get_reward() == 0.0  # nothing played
     with pytest.raises(RuntimeError, match="reset"):
         never_reset.act(0)
     env.reset(task="duel", seed=4)  # a reset forgets the episode
-    assert (env.decisions, env.running_return, env.reward_kind, env.cut_by) == (0, 0.0, None, None)
+    assert (env.decisions, env.running_return, env.step_rows, env.cut_by) == (0, 0.0, [], None)
+
+
+def test_get_reward_is_the_weighted_sum_of_the_reward_functions_over_the_step_rows():
+    """By hand: each function on each step row, weighted, summed; the final score only on the step that ended."""
+    names = ["potential_reward", "format_reward", "win_reward", "territory_reward", "outcome_reward"]
+    weights = [2.0, 0.5, 3.0, -1.0, 0.25]
+    cls = environment_factory("conquest", task="duel", reward_funcs=names, reward_weights=weights)
+    conquest = get_env_interface("conquest")
+    env = cls()
+    env.reset(seed=1)
+    by_hand, before = 0.0, env.obs
+    answers = [0, 99, 1, 2]  # 99: not listed, the fallback plays and the step's format is 0
+    while not env.done:
+        k = answers[env.decisions % len(answers)]
+        listed = k < len(env.candidates)
+        env.act(k)
+        info = env._last_info
+        ended = env.done
+        win = float(conquest.final_score(info) == 1.0) if ended else 0.0
+        comps = info["reward_components"]
+        by_hand += (2.0 * (conquest.potential(env.obs) - conquest.potential(before)) + 0.5 * float(listed)
+                    + 3.0 * win - comps["territory"] + 0.25 * comps["outcome"])  # fmt: skip
+        before = env.obs
+    assert env.decisions > 4 and env.invalid_calls > 0 and env.final_score is not None
+    assert env.get_reward() == pytest.approx(by_hand)
+    assert [row["final_score"] for row in env.step_rows].count(None) == env.decisions - 1
+    parts = env.reward_parts
+    assert parts["format_reward"] == env.decisions - env.invalid_calls
+    assert sum(w * parts[n] for n, w in zip(names, weights, strict=True)) == pytest.approx(by_hand)
+    # The weight-0 functions that log each part, as TRL calls them with the rollouts' environments.
+    logged = {f.__name__: f(environments=[env, object()], prompts=[]) for f in reward_part_funcs(cls)}
+    assert logged == {n: [parts[n], None] for n in names}
+
+
+def test_reward_functions_that_cannot_apply_in_the_tool_loop_are_refused():
+    with pytest.raises(ValueError, match="teacher_match_reward applies to branch and window mode only"):
+        environment_factory("conquest", reward_funcs=["teacher_match_reward"])
+    with pytest.raises(ValueError, match="potential_reward: this environment defines no potential"):
+        environment_factory("clinical", reward_funcs=["potential_reward"])
+    with pytest.raises(ValueError, match="one weight per"):
+        environment_factory("conquest", reward_funcs=["win_reward"], reward_weights=[1.0, 2.0])
+    with pytest.raises(ValueError, match="Unknown reward"):
+        environment_factory("conquest", reward_funcs=["no_such_reward"])
 
 
 def test_metric_functions_read_the_rollouts_environments():
@@ -268,6 +316,16 @@ def test_recipe_defaults_and_yaml():
     assert (script_args.env_name, script_args.tasks, model_args.model_name_or_path) == ("conquest", ["duel"], "tiny")
     assert training_args.max_steps == 4 and model_args.use_peft and training_args.max_tool_calling_iterations == 8
     assert training_args.generation_kwargs == {"max_new_tokens": 12}
+    # The environment's episode-mode rewards (conquest's); another environment's own, or the plugin's.
+    assert (script_args.reward_funcs, training_args.reward_weights) == (["win_reward", "potential_reward"], [1.0, 1.0])
+    clinical, clinical_training, _ = recipe.parse_args(["--env", "clinical", "--tasks", "easy_bench",
+                                                        "--tiny_tasks", "easy_bench"])  # fmt: skip
+    assert (clinical.reward_funcs, clinical_training.reward_weights) == (["final_score_reward", "format_reward"],
+                                                                         [1.0, 0.5])  # fmt: skip
+    with pytest.raises(ValueError, match="teacher_match_reward applies to branch and window mode only"):
+        recipe.parse_args(["--reward_funcs", "teacher_match_reward", "--reward_weights", "1"])
+    with pytest.raises(ValueError, match="one weight per --reward_funcs"):
+        recipe.parse_args(["--reward_funcs", "win_reward"])
     path = ROOT / "recipes" / "grpo_environment_factory.yaml"
     parsed = recipe.parse_args(["--config", str(path)])
     values = {k: v for args in parsed for k, v in vars(args).items()}
@@ -289,7 +347,7 @@ def test_recipe_trains_one_step_and_saves_the_adapter(conquest_model, tmp_path):
     assert info["global_step"] == 1 and info["chat_template"] == "recruit_trl.rollout.tool_env.TOOL_CHAT_TEMPLATE"
     (logged,) = [h for h in info["log_history"] if "rewards/ConquestToolEnv/mean" in h]
     for key in ("tools/call_frequency", "rewards/episode_ended/mean", "rewards/decisions/mean",
-                "rewards/invalid_calls/mean"):  # fmt: skip
+                "rewards/invalid_calls/mean", "rewards/win_reward/mean", "rewards/potential_reward/mean"):  # fmt: skip
         assert key in logged, key
     saved = json.loads((tmp_path / "tokenizer_config.json").read_text())
     assert saved["response_template"]["fields"]["tool_calls"]["transform"]["function"]["name"] == "act"

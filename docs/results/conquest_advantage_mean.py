@@ -1,8 +1,9 @@
 """The mean of episode mode's advantages over the decisions of a group, with and without a win in it.
 
 Plays 2 groups of 8 duel games (reset seeds 10-15, three calls) with the model at PATH sampled at temperature 0.5,
-as episode mode does, and prints per group the wins, the mean and the mean absolute advantage per decision for
-the (episode, step) weights (1, 1), (1, 0) and (0, 1).
+as episode mode does with conquest's episode-mode rewards (its ``recipe_defaults["rl/episode"]``: the win and the
+change of the potential), and prints per group the wins, the mean and the mean absolute advantage per decision for the
+(episode, step) weights (1, 1), (1, 0) and (0, 1).
 
 usage: python docs/results/conquest_advantage_mean.py PATH
 """
@@ -13,13 +14,20 @@ import sys
 from transformers import GenerationConfig
 
 from recruit_trl.models.loading import load_for_inference
+from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.advantages import AdvantageWeights, decision_advantages
 from recruit_trl.rollout.anchors import Anchor
 from recruit_trl.rollout.config import RolloutConfig
 from recruit_trl.rollout.rollout_funcs import EpisodeRollout
+from rewards import get_reward_funcs
 
 model, tokenizer = load_for_inference(sys.argv[1], {})
-rollout = EpisodeRollout(RolloutConfig(env_name="conquest", mode="episode", continuation_policy="teacher"))
+rewards = get_env_interface("conquest").recipe_defaults["rl/episode"]
+rollout = EpisodeRollout(
+    RolloutConfig(env_name="conquest", mode="episode", continuation_policy="teacher"),
+    reward_funcs=get_reward_funcs(rewards["reward_funcs"]),
+    reward_weights=rewards["reward_weights"],
+)
 sampling = GenerationConfig(do_sample=True, temperature=0.5, top_p=1.0)
 for seeds in ([10, 11], [12, 13], [14, 15]):
     episodes = rollout.play(None, model, tokenizer, sampling, [Anchor("duel", s, 0, "teacher") for s in seeds], 8, 0)
@@ -30,7 +38,8 @@ for seeds in ([10, 11], [12, 13], [14, 15]):
                 [e["outcome"] for e in group], [e["step_rewards"] for e in group], [e["keys"] for e in group], weights
             )
             flat = [a for episode in advantages for a in episode]
+            wins = sum(e["rates"]["win"] for e in group)
             print(
-                f"seed {seed} weights {(weights.episode, weights.step)} wins {sum(e['outcome'] for e in group):.0f} "
+                f"seed {seed} weights {(weights.episode, weights.step)} wins {wins:.0f} "
                 f"decisions {len(flat)} mean {statistics.mean(flat):.4f} abs {statistics.mean(map(abs, flat)):.4f}"
             )

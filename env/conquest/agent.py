@@ -230,10 +230,6 @@ class ConquestInterface(EnvInterface):
             "territories": float(obs["territory_counts"][obs["agent_seat"]]),
         }
 
-    def episode_outcome(self, obs: Mapping[str, Any], info: Mapping[str, Any]) -> float:
-        """1.0 for a won game, 0.0 for a loss or a timeout (holding most of the board at the round limit is no win)."""
-        return float(info.get("outcome") == "win")
-
     def potential(self, obs: Mapping[str, Any]) -> float:
         """The agent's standing: the mean of its share of the territories and its share of the armies on the board."""
         seat = obs["agent_seat"]

@@ -1,7 +1,8 @@
 """conquest's defaults for recruit_trl's recipes (``ConquestInterface.recipe_defaults``).
 
 By recipe kind: ``"sft"`` (the SFT recipe; the RL recipes' warm start takes these too, as ``--sft_*``), ``"rl"`` (the
-RL recipes) and ``"<kind>:smollm2"`` (SmolLM2's runs, sized for 2 CPU cores). Any flag overrides them.
+RL recipes), ``"rl/episode"`` (the RL recipes in episode mode, and TRL's tool loop: the rewards of the game's own
+episodes) and ``"<kind>:smollm2"`` (SmolLM2's runs, sized for 2 CPU cores). Any flag overrides them.
 """
 
 from __future__ import annotations
@@ -43,6 +44,14 @@ RL: dict[str, Any] = {
     "decision_continuations": 4,  # one game's outcome from a state is mostly dice
 }
 
+# Episode mode (and the tool loop): a decision's step reward is the change of the agent's standing (the potential: its
+# mean share of territories and armies), and the decision that ends the game also gets 1 for a win (a loss or the
+# round limit: 0). An episode's outcome, their sum, is then the win plus the standing gained over the game.
+RL_EPISODE: dict[str, Any] = {
+    "reward_funcs": ["win_reward", "potential_reward"],
+    "reward_weights": [1.0, 1.0],
+}
+
 # SmolLM2 on 2 CPU cores: ~1.1 s per answer to a 520-token prompt, ~66 s per SFT step of 8 rows, ~80 s per GRPO step;
 # 45 minutes hold 12 SFT steps, 6 GRPO steps and the report's ~1,180 answers (the benchmark on 100 fixed + 300
 # held-out rows for SFT and GRPO, the base model on the fixed rows as in the anchor's table, no constrained pass; 93
@@ -71,4 +80,10 @@ SFT_SMOLLM2: dict[str, Any] = {
     "heldout_rows": 300,
 }
 
-RECIPE_DEFAULTS = {"sft": SFT, "rl": RL, "rl:smollm2": RL_SMOLLM2, "sft:smollm2": SFT_SMOLLM2}
+RECIPE_DEFAULTS = {
+    "sft": SFT,
+    "rl": RL,
+    "rl/episode": RL_EPISODE,
+    "rl:smollm2": RL_SMOLLM2,
+    "sft:smollm2": SFT_SMOLLM2,
+}

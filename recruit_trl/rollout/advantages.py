@@ -1,15 +1,18 @@
 """Advantages of episode mode: one number per decision of a group of G episodes played from one start.
 
 A group is G episodes of the current policy from the same state with the same dice (common random numbers), so the
-episodes differ only through the policy's own choices. Three credits, each a pure function of the group:
+episodes differ only through the policy's own choices. Both levels read the same numbers: each decision's *step
+reward* (the reward functions, ``--reward_funcs`` x ``--reward_weights``, on the decision's own step; the
+environment's ``potential`` is one of them, ``rewards.potential_reward``) and the episode's *outcome*, the sum of its
+step rewards (:class:`recruit_trl.rollout.rollout_funcs.EpisodeRollout` computes both). Three credits, each a pure
+function of the group:
 
 * **episode level** (:func:`leave_one_out`): every decision of episode i gets ``O_i - mean_{j != i} O_j``, the
-  outcome ``O`` (e.g. conquest's win, 1 or 0; a timeout is not a win) against the other episodes of the group;
+  outcome ``O`` against the other episodes of the group;
 * **step level** (:func:`step_advantages`): the n-step return of a decision (:func:`n_step_returns`: the sum of
-  the next n step rewards, where a step reward is the change of the environment's potential, e.g. conquest's share
-  of territories and armies, or else its own step reward) against a baseline. Decisions taken at identical states
-  across the group (the same state key; GiGPO's step groups) are compared with those of the other episodes; a
-  decision whose state no other episode reached is compared with the mean return of the group's decisions;
+  the next n step rewards) against a baseline. Decisions taken at identical states across the group (the same state
+  key; GiGPO's step groups) are compared with those of the other episodes; a decision whose state no other episode
+  reached is compared with the mean return of the group's decisions;
 * their weighted sum (:func:`decision_advantages`), optionally centred over the group's decisions.
 """
 

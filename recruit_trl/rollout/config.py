@@ -8,6 +8,7 @@ both as command-line flags.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
 from recruit_trl.contracts import CONTRACTS, MAX_NEW_TOKENS
@@ -15,7 +16,6 @@ from recruit_trl.protocol import FALLBACK_POLICY
 
 MODES = ("branch", "window", "episode")
 TO_THE_END = 1_000_000  # a horizon no episode outlasts
-# Per-row fields every rollout returns besides the environment's reward components.
 # Settings that only one mode reads: set to anything but their default in another mode, they are refused.
 MODE_FLAGS = {
     "continuation_seeds": ("branch",),
@@ -29,7 +29,32 @@ MODE_FLAGS = {
     "step_horizon": ("episode",),
     "center_advantages": ("episode",),
 }
-ROW_FIELDS = ("valid", "action_shaping", "final_score", "action_type", "action_error", "scored_steps", "teacher_match")
+# Per-row fields every rollout returns besides the environment's reward components.
+ROW_FIELDS = (
+    "valid", "action_shaping", "final_score", "potential_change", "action_type", "action_error", "scored_steps",
+    "teacher_match",
+)  # fmt: skip
+# Reward functions that read a field only some modes fill: named in another mode (or in TRL's tool loop, "tool"),
+# they are refused. teacher_match needs the --reward_teacher policy, which only branch and window mode consult.
+MODE_REWARDS = {"teacher_match_reward": ("branch", "window")}
+
+
+def check_mode_rewards(names: Sequence[str], mode: str, has_potential: bool) -> None:
+    """Refuse reward functions that cannot apply in ``mode`` (``"tool"``: TRL's tool loop), and ``potential_reward``
+    for an environment without a potential, with a one-line message naming the flag."""
+    for name in names:
+        modes = MODE_REWARDS.get(name)
+        if modes is not None and mode not in modes:
+            where = "TRL's tool loop" if mode == "tool" else f"{mode} mode"
+            raise ValueError(
+                f"--reward_funcs {name} applies to {' and '.join(modes)} mode only: {where} has no teacher to "
+                "compare with (--reward_teacher); drop it"
+            )
+        if name == "potential_reward" and not has_potential:
+            raise ValueError(
+                "--reward_funcs potential_reward: this environment defines no potential (EnvInterface.potential), "
+                "so the reward would always be missing; drop it"
+            )
 
 
 @dataclass
@@ -107,13 +132,15 @@ class RolloutConfig(PromptConfig):
     )  # fmt: skip
     episode_weight: float = field(
         default=1.0,
-        metadata={"help": "Episode mode: weight of the episode-level advantage (the outcome against the group's other "
+        metadata={"help": "Episode mode: weight of the episode-level advantage (the episode's outcome, the sum of its "
+                  "decisions' step rewards under --reward_funcs x --reward_weights, against the group's other "
                   "episodes, leave-one-out)."},
     )  # fmt: skip
     step_weight: float = field(
         default=1.0,
-        metadata={"help": "Episode mode: weight of the step-level advantage (the n-step return of the environment's "
-                  "potential, against decisions at the same state in other episodes, else the group's mean)."},
+        metadata={"help": "Episode mode: weight of the step-level advantage (the n-step return of the decisions' step "
+                  "rewards, --reward_funcs x --reward_weights on each decision's own step, against decisions at the "
+                  "same state in other episodes, else the group's mean)."},
     )  # fmt: skip
     step_horizon: int = field(
         default=15, metadata={"help": "Episode mode: decisions in the step level's n-step return (0: to the end)."}

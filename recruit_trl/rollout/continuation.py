@@ -110,3 +110,4 @@ class Branch:
     played: int = 1
     recent: list[str] = field(default_factory=list)
     day: int = 0
+    start: dict = field(default_factory=dict)  # the anchor's observation (the potential's change is from it)

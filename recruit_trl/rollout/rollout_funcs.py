@@ -19,12 +19,15 @@ Model tokens are never re-tokenised; environment text is tokenised on its own an
 
 ``episode`` mode (:class:`EpisodeRollout`). The policy's own episodes, G per anchor with common random numbers;
 every decision is a row (prompt and answer) with its own advantage (:mod:`recruit_trl.rollout.advantages`), trained on
-by :class:`recruit_trl.training.episode_trainer.EpisodeAdvantages`.
+by :class:`recruit_trl.training.episode_trainer.EpisodeAdvantages`. A row's scored steps are the decision's own step
+(the last decision's also the continuation's): the reward functions on it are the decision's step reward, and an
+episode's outcome is the sum of its step rewards.
 
 All three return ``prompt_ids``, ``completion_ids``, ``logprobs`` and extra per-row fields that reward functions
 receive as keyword arguments: every environment reward component summed over the scored steps, ``valid``
 (1.0 when the model's text parsed under the action contract), ``action_shaping`` (``None`` for invalid
-rows), ``final_score`` (``None`` unless the episode ended inside the horizon), ``action_type``,
+rows), ``final_score`` (``None`` unless the episode ended inside the scored steps), ``potential_change`` (the change
+of the environment's ``potential`` over the scored steps; ``None`` without one), ``action_type``,
 ``action_error``, ``scored_steps`` and ``teacher_match`` (with ``reward_teacher`` set: 1.0 when the model's action does
 what that policy would do in the same state, in window mode the fraction of turns; ``None`` without a teacher).
 
@@ -60,6 +63,7 @@ from recruit_trl.rollout.anchors import Anchor, AnchorCache, AnchorState, anchor
 from recruit_trl.rollout.config import ROW_FIELDS, RolloutConfig
 from recruit_trl.rollout.continuation import Branch, Scorer, add_components, day_seed, group_seed, last
 from recruit_trl.traces import same_action
+from rewards import DEFAULT_REWARD_WEIGHTS, DEFAULT_REWARDS, RewardFunc, get_reward_funcs, weighted_rewards
 
 
 class _RolloutBase:
@@ -252,7 +256,7 @@ class BranchRollout(_RolloutBase):
         applied, (obs, reward, terminated, truncated, info) = self.scorer.apply(
             env, state.obs, ParsedAction(action, True)
         )
-        branch = Branch(env, obs, seed, {name: 0.0 for name in self.interface.reward_fields}, info)
+        branch = Branch(env, obs, seed, {name: 0.0 for name in self.interface.reward_fields}, info, start=state.obs)
         add_components(branch.totals, self.interface.step_components(state.obs, applied.action, obs, reward, info))
         branch.applied, branch.error, branch.done = applied, info.get("last_action_error"), terminated or truncated
         branch.recent = last(
@@ -282,6 +286,8 @@ class BranchRollout(_RolloutBase):
             name: sum(b.totals[name] for b in branches) / n for name in self.interface.reward_fields
         }
         out["final_score"] = None if None in scores else sum(scores) / n
+        changes = [self.interface.potential_change(b.start, b.obs) for b in branches]
+        out["potential_change"] = None if None in changes else sum(changes) / n
         out["rates"] = self._rates([(b.obs, b.info) for b in branches])
         out["action_error"] = branches[0].error
         out["scored_steps"] = sum(b.played for b in branches) / n
@@ -375,7 +381,8 @@ class BranchRollout(_RolloutBase):
         outcome = self._cached_outcome(anchor, state, parsed.action, step)
         if outcome["rejected"] is not None:
             parsed = outcome["rejected"]
-        row = {name: outcome[name] for name in (*self.interface.reward_fields, "final_score", "action_error", "rates")}
+        names = (*self.interface.reward_fields, "final_score", "potential_change", "action_error", "rates")
+        row = {name: outcome[name] for name in names}
         row["valid"] = 1.0 if parsed.valid else 0.0
         row["action_shaping"] = self.interface.action_shaping(state.obs, parsed.action) if parsed.valid else None
         row["action_type"] = self.interface.action_type(parsed.action)
@@ -492,6 +499,7 @@ class WindowRollout(_RolloutBase):
             out["valid"] = row["valid_turns"] / max(1, row["turns"])
             out["action_shaping"] = self.interface.action_shaping(first_obs, first.action) if first.valid else None
             out["final_score"] = self.interface.final_score(info)
+            out["potential_change"] = self.interface.potential_change(states[i].obs, obs[i])
             out["rates"] = self._rates([(obs[i], info)])
             out["action_type"] = self.interface.action_type(first.action)
             out["action_error"] = row["action_error"]
@@ -550,21 +558,48 @@ class EpisodeRollout(_RolloutBase):
     from (anchor, optimizer step, rollout seed, d): episodes that choose the same actions are the same episode (common
     random numbers), so the episodes of a group differ only through the policy's choices. The episodes of all groups
     are played in lock-step, one ``generate()`` per decision. With ``episode_decisions`` K > 0 the policy plays K
-    decisions and the continuation policy the rest. Every decision gets an advantage
-    (:func:`recruit_trl.rollout.advantages.decision_advantages`: the episode's outcome against its group's other
-    episodes, and the n-step return of the environment's potential against decisions at the same state); the call
+    decisions and the continuation policy the rest.
+
+    Every decision has a *step row*: the reward functions' fields of its own step (the environment's reward components,
+    ``valid``, ``action_shaping``, ``potential_change``; ``final_score`` only on the episode's last decision, ``None``
+    elsewhere). A continuation's steps are the last policy decision's: their components, the potential's change and
+    the episode's final score go on its row, as branch mode credits a branch with its continuation. The decision's
+    step reward is the weighted sum of the reward functions on its row (:func:`rewards.weighted_rewards`, the same
+    functions and weights TRL sums in branch mode: the trainer's, else ``reward_funcs`` and ``reward_weights`` given
+    here, else the plugin's defaults), and the episode's outcome is the sum of its step rewards. Every decision gets
+    an advantage from them (:func:`recruit_trl.rollout.advantages.decision_advantages`: the outcome against its
+    group's other episodes, and the n-step return of the step rewards against decisions at the same state); the call
     returns as many rows as it got prompts, drawn at random from all the decisions (a decision's prompt and answer as
     one row: environment text is prompt, never completion), with the advantage in the ``advantage`` field for
-    :class:`recruit_trl.training.episode_trainer.EpisodeAdvantages`.
+    :class:`recruit_trl.training.episode_trainer.EpisodeAdvantages` and the step row's fields (so TRL's
+    ``rewards/<name>/mean`` is each function's mean over the drawn decisions' own steps).
 
     Logged per call: the policy's own outcome, final score and rate metrics over its episodes (``episode/...``, e.g.
     ``episode/win_rate``), the share of groups whose episodes all had the same outcome, the share of decisions in a
     step group, decisions per episode, and the rollout's collapse and cost metrics over the decisions.
     """
 
-    def __init__(self, config: RolloutConfig, interface: EnvInterface | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        config: RolloutConfig,
+        interface: EnvInterface | None = None,
+        seed: int = 0,
+        reward_funcs: Sequence[RewardFunc] | None = None,
+        reward_weights: Sequence[float] | None = None,
+    ) -> None:
         super().__init__(config, interface, seed)
         self._envs: dict[str, list] = {}  # task -> environments for the episodes played side by side
+        self.reward_funcs = list(reward_funcs) if reward_funcs is not None else None
+        self.reward_weights = list(reward_weights) if reward_weights is not None else None
+
+    def rewards(self, trainer) -> tuple[list[RewardFunc], list[float]]:
+        """The reward functions and their weights: the trainer's (what TRL sums, and logs, for the rows), else this
+        rollout's own, else the plugin's defaults (``rewards.DEFAULT_REWARDS``)."""
+        if trainer is not None and getattr(trainer, "reward_funcs", None) is not None:
+            return list(trainer.reward_funcs), [float(w) for w in trainer.reward_weights]
+        if self.reward_funcs is not None:
+            return self.reward_funcs, self.reward_weights or [1.0] * len(self.reward_funcs)
+        return get_reward_funcs(DEFAULT_REWARDS), list(DEFAULT_REWARD_WEIGHTS)
 
     def __call__(self, prompts: list, trainer=None, *, model=None, tokenizer=None, generation_config=None, step=None):
         start = time.perf_counter()
@@ -616,10 +651,12 @@ class EpisodeRollout(_RolloutBase):
         """``size`` episodes of the policy from each anchor of ``groups`` (group after group), in lock-step.
 
         Returns:
-            One dict per episode: ``rows`` (per decision: ``prompt_ids``, ``completion_ids``, ``logprobs`` and the row
-            fields of the reward functions), ``step_rewards``, ``keys`` (state keys), ``outcome``, ``final_score``,
-            ``rates`` and ``ended`` (the policy or the continuation reached the episode's end).
+            One dict per episode: ``rows`` (per decision: ``prompt_ids``, ``completion_ids``, ``logprobs``, ``text``
+            and its step row, the fields of the reward functions), ``step_rewards`` (the weighted reward functions on
+            each step row), ``outcome`` (their sum), ``keys`` (state keys), ``final_score``, ``rates`` and ``ended``
+            (the policy or the continuation reached the episode's end).
         """
+        fields = self.interface.reward_fields
         episodes = []
         used: Counter = Counter()
         for anchor in groups:
@@ -634,8 +671,7 @@ class EpisodeRollout(_RolloutBase):
                 env.restore(state.snapshot)
                 episodes.append({
                     "env": env, "obs": state.obs, "recent": list(state.recent), "day": state.day, "seed": seed,
-                    "info": {}, "done": False, "rows": [], "step_rewards": [], "keys": [],
-                    "totals": {name: 0.0 for name in self.interface.reward_fields},
+                    "info": {}, "done": False, "rows": [], "keys": [], "last_before": state.obs,
                 })  # fmt: skip
         limit = self.config.episode_decisions
         decision = 0
@@ -663,40 +699,56 @@ class EpisodeRollout(_RolloutBase):
                 key = self.interface.state_key(before)
                 e["env"].reseed(day_seed(e["seed"], decision))
                 parsed, (obs, reward, terminated, truncated, info) = self.scorer.apply(e["env"], before, parsed)
-                add_components(e["totals"], self.interface.step_components(before, parsed.action, obs, reward, info))
+                components = self.interface.step_components(before, parsed.action, obs, reward, info)
                 e["rows"].append({
-                    "prompt_ids": prompt, "completion_ids": completion, "logprobs": lp, "legal": allowed,
+                    "prompt_ids": prompt, "completion_ids": completion, "logprobs": lp, "legal": allowed, "text": text,
+                    **{name: float(components.get(name, 0.0)) for name in fields},
                     "valid": 1.0 if parsed.valid else 0.0,
                     "action_shaping": self.interface.action_shaping(before, parsed.action) if parsed.valid else None,
+                    "final_score": None, "potential_change": self.interface.potential_change(before, obs),
                     "action_type": self.interface.action_type(parsed.action),
-                    "action_error": info.get("last_action_error"), "teacher_match": None,
+                    "action_error": info.get("last_action_error"), "scored_steps": 1, "teacher_match": None,
                 })  # fmt: skip
-                e["step_rewards"].append(self.interface.step_reward(before, obs, reward))
                 e["keys"].append(key)
                 e["recent"] = last([*e["recent"], digest(self.interface, e["day"], parsed.action, info)],
                                    self.config.recent_k)  # fmt: skip
-                e["obs"], e["info"], e["day"] = obs, info, e["day"] + 1
+                e["obs"], e["info"], e["day"], e["last_before"] = obs, info, e["day"] + 1, before
                 e["done"] = terminated or truncated
             decision += 1
         for e in episodes:
+            tail = {name: 0.0 for name in fields}  # the continuation's steps, credited to the last decision
+            played = 0
             if not e["done"]:  # cut after episode_decisions: the continuation policy plays to the end
-                _, info, obs = self.scorer.continue_(
-                    e["env"], e["obs"], e["totals"], e["seed"], 1_000_000, first_day=decision
+                played, info, obs = self.scorer.continue_(
+                    e["env"], e["obs"], tail, e["seed"], 1_000_000, first_day=decision
                 )
                 e["info"], e["obs"] = info or e["info"], obs
             e["final_score"] = self.interface.final_score(e["info"])
-            e["outcome"] = self.interface.episode_outcome(e["obs"], e["info"])
             e["rates"] = self._rates([(e["obs"], e["info"])])
-            for row in e["rows"]:  # the episode's outcome, for the reward functions TRL logs
-                row.update({name: e["totals"][name] for name in self.interface.reward_fields})
-                row.update(final_score=e["final_score"], rates=e["rates"], scored_steps=len(e["rows"]))
+            e["ended"] = e["final_score"] is not None
+            final = e["rows"][-1]  # the episode's end: its terminal fields and the continuation's steps
+            final.update({name: final[name] + tail[name] for name in fields})
+            final["scored_steps"] += played
+            final["final_score"] = e["final_score"]
+            final["potential_change"] = self.interface.potential_change(e["last_before"], e["obs"])
+            for row in e["rows"]:
+                row["rates"] = e["rates"]  # where the decision's game ends (rollout/<rate>_rate)
+        rows = [row for e in episodes for row in e["rows"]]
+        funcs, weights = self.rewards(trainer)
+        step_rewards, _ = weighted_rewards(funcs, weights, self._extra_fields(rows), [r["text"] for r in rows])
+        k = 0
+        for e in episodes:
+            e["step_rewards"] = step_rewards[k : k + len(e["rows"])]
+            e["outcome"] = sum(e["step_rewards"])
+            k += len(e["rows"])
         return episodes
 
     def _log_episodes(
         self, trainer, episodes: list[dict], group_stats: list[dict], decisions: list[dict], mean_advantage: float
     ) -> None:
         """The policy's own play over the call's episodes, and the advantages' make-up (``episode/...``;
-        ``episode/advantage_mean`` is the decisions' mean advantage before any centering)."""
+        ``episode/outcome`` is the episodes' mean outcome, the sum of their step rewards; ``episode/advantage_mean``
+        is the decisions' mean advantage before any centering)."""
         log = getattr(trainer, "_log_metric", None)
         if log is None or not episodes:
             return

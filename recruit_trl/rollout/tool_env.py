@@ -16,9 +16,14 @@ finds (``clinical``, ``conquest``, an entry point, ``package.module:attribute``)
   candidate ``k`` and returns the next state's text, or the episode's result when it ends. A value the contract's
   strict parser rejects (out of range, not an int) is counted and answered with the environment's fallback action
   (:func:`recruit_trl.contracts.parse_action`), and the reply says so; training never stops on it.
-* ``get_reward()``: the environment's final score when the episode ended, else its running return (the sum of the
-  environment's step rewards so far) when the tool loop was cut by a budget; ``reward_kind`` and ``cut_by`` on the
-  instance say which, and the weight-0 reward functions :data:`METRIC_FUNCS` log them every step.
+* ``get_reward()``: the reward functions' weighted sum over the rollout, ``sum_i w_i sum_d f_i(step row d)``, with
+  the same functions and weights as every other mode (``reward_funcs`` and ``reward_weights`` of
+  :func:`environment_factory`; the recipe's ``--reward_funcs`` and ``--reward_weights``). Each call of ``act`` that
+  played a step adds a step row, the fields episode mode gives a decision (the environment's reward components,
+  ``valid``, ``action_shaping``, ``potential_change``, and ``final_score`` on the step that ended the episode,
+  ``None`` elsewhere); a rollout the tool loop cut has no final score. ``cut_by`` on the instance says why a rollout
+  stopped before the episode's end; the weight-0 reward functions :data:`METRIC_FUNCS` log it every step, and
+  :func:`reward_part_funcs` each function's unweighted sum (``rewards/<name>/mean``, as in the other modes).
 
 Bad model output at the other layers is TRL's to handle and never raises either: text that holds no parsable tool
 call ends the loop (the episode is then cut, ``cut_by="no_tool_call"``), and a call TRL cannot bind (an unknown tool,
@@ -44,6 +49,8 @@ from typing import Any, ClassVar
 
 from recruit_trl.contracts import ParsedAction, build_messages, digest, parse_action
 from recruit_trl.protocol import Action, EnvInterface, Observation, get_env_interface
+from recruit_trl.rollout.config import ROW_FIELDS, check_mode_rewards
+from rewards import DEFAULT_REWARD_WEIGHTS, DEFAULT_REWARDS, RewardFunc, get_reward_funcs, weighted_rewards
 
 TOOL_NAME = "act"
 #: Appended to the environment's system prompt (the ``index`` contract's instructions, as a tool call).
@@ -63,6 +70,8 @@ class ToolEnvironment:
         max_tool_calls: the tool-call budget the trainer runs with, if known (class attribute): a rollout cut after
             that many calls is reported as ``cut_by="tool_call_budget"``.
         system_prompt: the environment's system prompt with :data:`TOOL_INSTRUCTIONS` (class attribute).
+        reward_funcs, reward_weights: the reward functions and their weights that :meth:`get_reward` sums (class
+            attributes).
         task, seed: the episode's task and reset seed.
         obs, candidates: the current observation and its candidate actions.
         done: the episode has ended.
@@ -73,8 +82,7 @@ class ToolEnvironment:
         calls_after_end: calls received after the episode ended (nothing played).
         running_return: the sum of the environment's step rewards so far.
         final_score: the environment's final score once the episode ended, else ``None``.
-        reward_kind: what :meth:`get_reward` returned: ``"final_score"``, ``"running_return"`` (the episode was cut)
-            or ``"return"`` (it ended without a final score); ``None`` before the first call.
+        step_rows: one dict per step played, the reward functions' fields of that step.
         cut_by: why a cut episode stopped: ``"tool_call_budget"``, or ``"no_tool_call"`` (the completion ended
             without a further call: the model answered in text, or the token budget or the context was reached);
             ``None`` when the episode ended.
@@ -85,6 +93,8 @@ class ToolEnvironment:
     recent_k: ClassVar[int] = 2
     max_tool_calls: ClassVar[int | None] = None
     system_prompt: ClassVar[str] = ""
+    reward_funcs: ClassVar[tuple[RewardFunc, ...]] = ()
+    reward_weights: ClassVar[tuple[float, ...]] = ()
 
     def __init__(self) -> None:
         self._envs: dict[str, Any] = {}  # task -> environment, kept across resets
@@ -98,8 +108,8 @@ class ToolEnvironment:
         self.invalid_reasons: Counter = Counter()
         self.running_return = 0.0
         self.final_score: float | None = None
-        self.reward_kind: str | None = None
         self.cut_by: str | None = None
+        self.step_rows: list[dict[str, Any]] = []
         self._recent: list[str] = []
         self._last_info: dict = {}
 
@@ -121,7 +131,8 @@ class ToolEnvironment:
         self.decisions = self.tool_calls = self.invalid_calls = self.calls_after_end = 0
         self.invalid_reasons = Counter()
         self.running_return = 0.0
-        self.final_score = self.reward_kind = self.cut_by = None
+        self.final_score = self.cut_by = None
+        self.step_rows = []
         self._recent = []
         return self._state_text()
 
@@ -155,6 +166,16 @@ class ToolEnvironment:
             played = self.interface.describe_action(parsed.action)
             note = f"Invalid action_index ({reason}): played instead: {played}\n"
         obs, reward, terminated, truncated, info = result
+        components = self.interface.step_components(self.obs, parsed.action, obs, reward, info)
+        self.step_rows.append({
+            **{name: float(components.get(name, 0.0)) for name in self.interface.reward_fields},
+            "valid": 1.0 if parsed.valid else 0.0,
+            "action_shaping": self.interface.action_shaping(self.obs, parsed.action) if parsed.valid else None,
+            "final_score": self.interface.final_score(info) if terminated or truncated else None,
+            "potential_change": self.interface.potential_change(self.obs, obs),
+            "action_type": self.interface.action_type(parsed.action), "action_error": info.get("last_action_error"),
+            "scored_steps": 1, "teacher_match": None, "text": text,
+        })  # fmt: skip
         self._recent.append(digest(self.interface, self.decisions, parsed.action, info))
         del self._recent[: max(0, len(self._recent) - self.recent_k)]  # the digest shows the last recent_k
         self.decisions += 1
@@ -169,19 +190,28 @@ class ToolEnvironment:
         return note + self._state_text()
 
     def get_reward(self) -> float:
-        """The episode's final score; for an episode the tool loop cut short, the running return (see
-        :attr:`reward_kind` and :attr:`cut_by`)."""
+        """The reward functions' weighted sum over the rollout's step rows (0.0 before any step); a rollout the tool
+        loop cut before the episode's end says why in :attr:`cut_by`."""
         if self.done:
             self.cut_by = None
-            if self.final_score is not None:
-                self.reward_kind = "final_score"
-                return float(self.final_score)
-            self.reward_kind = "return"
-            return self.running_return
-        self.reward_kind = "running_return"
-        budget = self.max_tool_calls
-        self.cut_by = "tool_call_budget" if budget is not None and self.tool_calls >= budget else "no_tool_call"
-        return self.running_return
+        else:
+            budget = self.max_tool_calls
+            self.cut_by = "tool_call_budget" if budget is not None and self.tool_calls >= budget else "no_tool_call"
+        return self._scored()[0]
+
+    @property
+    def reward_parts(self) -> dict[str, float]:
+        """Each reward function's unweighted sum over the rollout's step rows (a ``None`` counts 0), by name."""
+        return self._scored()[1]
+
+    def _scored(self) -> tuple[float, dict[str, float]]:
+        rows = self.step_rows
+        if not rows:
+            return 0.0, {getattr(f, "__name__", str(f)): 0.0 for f in self.reward_funcs}
+        fields = {name: [row[name] for row in rows] for name in (*self.interface.reward_fields, *ROW_FIELDS)}
+        totals, parts = weighted_rewards(self.reward_funcs, self.reward_weights, fields, [r["text"] for r in rows])
+        sums = {name: sum((v for v in values if v is not None), 0.0) for name, values in parts.items()}
+        return float(sum(totals)), sums
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -197,7 +227,7 @@ class ToolEnvironment:
             "calls_after_end": self.calls_after_end,
             "running_return": self.running_return,
             "final_score": self.final_score,
-            "reward_kind": self.reward_kind,
+            "reward_parts": self.reward_parts,
             "cut_by": self.cut_by,
         }
 
@@ -220,6 +250,8 @@ def environment_factory(
     max_tool_calls: int | None = None,
     instructions: str | None = None,
     interface: EnvInterface | None = None,
+    reward_funcs: Sequence[str | RewardFunc] | None = None,
+    reward_weights: Sequence[float] | None = None,
 ) -> type[ToolEnvironment]:
     """A class for ``GRPOTrainer(environment_factory=...)`` that plays environment ``name`` through one tool.
 
@@ -233,6 +265,15 @@ def environment_factory(
             :data:`TOOL_INSTRUCTIONS`; with :data:`TOOL_CHAT_TEMPLATE`, whose call of ``act`` is the contract's answer,
             the contract's own ``recruit_trl.contracts.INDEX_INSTRUCTIONS`` make the prompts the rollouts' exactly).
         interface: an interface object (overrides ``name``'s lookup).
+        reward_funcs: what ``get_reward`` sums over the rollout's step rows: names of the ``rewards`` package,
+            ``package.module:function`` or functions (default ``rewards.DEFAULT_REWARDS``).
+        reward_weights: one weight per reward function (default: ``rewards.DEFAULT_REWARD_WEIGHTS`` with the default
+            functions, else 1 each).
+
+    Raises:
+        ValueError: an unknown environment or reward function, a reward function that cannot apply in the tool loop
+            (``teacher_match_reward``; ``potential_reward`` for an environment without a potential), or not one
+            weight per function.
 
     Returns:
         A :class:`ToolEnvironment` subclass named after the environment (TRL logs ``get_reward`` under the class
@@ -246,6 +287,15 @@ def environment_factory(
     if task is not None and task not in interface.tasks():
         # Environments may accept tasks outside tasks() (variants); make_env is the judge, once, here.
         interface.make_env(task)
+    if reward_funcs is None:
+        reward_funcs = DEFAULT_REWARDS
+        reward_weights = DEFAULT_REWARD_WEIGHTS if reward_weights is None else reward_weights
+    names = [f if isinstance(f, str) else getattr(f, "__name__", str(f)) for f in reward_funcs]
+    check_mode_rewards(names, "tool", interface.has_potential())
+    funcs = tuple(get_reward_funcs([f])[0] if isinstance(f, str) else f for f in reward_funcs)
+    weights = tuple(float(w) for w in reward_weights) if reward_weights is not None else (1.0,) * len(funcs)
+    if len(weights) != len(funcs):
+        raise ValueError(f"--reward_weights {list(weights)} must give one weight per --reward_funcs {names}")
     words = re.findall(r"[A-Za-z0-9]+", str(interface.name)) or ["Env"]
     class_name = "".join(w[:1].upper() + w[1:] for w in words) + "ToolEnv"
     attrs = {
@@ -254,6 +304,8 @@ def environment_factory(
         "recent_k": recent_k,
         "max_tool_calls": max_tool_calls,
         "system_prompt": f"{interface.system_prompt}\n{TOOL_INSTRUCTIONS if instructions is None else instructions}",
+        "reward_funcs": funcs,
+        "reward_weights": weights,
         "__module__": __name__,
         "__doc__": f"TRL environment_factory class of {interface.name!r} (see {__name__}.ToolEnvironment).",
     }
@@ -277,7 +329,7 @@ def environment_dataset(factory: type[ToolEnvironment], tasks: Sequence[str], se
 
 
 def episode_ended(environments: Sequence[Any] | None = None, **kwargs: Any) -> list[float | None]:
-    """1.0 when the rollout's episode ended (its reward is the final score), 0.0 when the tool loop cut it."""
+    """1.0 when the rollout's episode ended (its last step row has the final score), 0.0 when the tool loop cut it."""
     return [float(e.done) if isinstance(e, ToolEnvironment) else None for e in environments or []]
 
 
@@ -292,6 +344,20 @@ def invalid_calls(environments: Sequence[Any] | None = None, **kwargs: Any) -> l
 
 
 METRIC_FUNCS = (episode_ended, decisions, invalid_calls)
+
+
+def reward_part_funcs(factory: type[ToolEnvironment]) -> list:
+    """Weight-0 reward functions, one per reward function of ``factory`` and named after it, that log its unweighted
+    sum over each rollout's step rows: TRL's ``rewards/<name>/mean``, as the other modes log it."""
+
+    def part(name: str):
+        def read(environments: Sequence[Any] | None = None, **kwargs: Any) -> list[float | None]:
+            return [e.reward_parts.get(name) if isinstance(e, factory) else None for e in environments or []]
+
+        read.__name__ = read.__qualname__ = name
+        return read
+
+    return [part(getattr(f, "__name__", str(f))) for f in factory.reward_funcs]
 
 
 # --------------------------------------------------------------------------------------------- chat template

@@ -24,13 +24,10 @@ from typing import Any
 from recruit_trl.protocol import FALLBACK_POLICY, EnvInterface, get_env_interface
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.rollout.anchors import MODEL_PREFIX
-from recruit_trl.rollout.config import PromptConfig, RolloutConfig
-from rewards import get_reward_funcs
+from recruit_trl.rollout.config import PromptConfig, RolloutConfig, check_mode_rewards
+from rewards import DEFAULT_REWARDS, get_reward_funcs
 
 SFT_DATA = ("traces", "teacher_sets")
-# The main job scores each sampled action by the final grade of its episode (continued to the end by a fast
-# policy, common random numbers within the group) plus a format term; see the README for the rationale.
-DEFAULT_REWARDS = ("final_score_reward", "format_reward")
 # SFTScriptArguments fields that the RL recipes' warm start does not take: the shared prompt settings and tasks are
 # the RL run's own, and the warm start chooses its loss as the SFT recipe does by default.
 NOT_WARM_START = ("env_name", "contract", "recent_k", "tasks", "token_metrics")
@@ -150,7 +147,9 @@ class ScriptArguments(RolloutConfig):
         default_factory=lambda: list(DEFAULT_REWARDS),
         metadata={
             "help": "Reward functions, weighted by --reward_weights: names from the `rewards` package (generic "
-            "ones and each environment's) or 'package.module:function' for any other."
+            "ones and each environment's) or 'package.module:function' for any other. What every mode learns: "
+            "branch and window mode score a row (the sampled action and its continuation) with them, episode mode "
+            "each decision's own step (its step reward; their sum is the episode's outcome)."
         },
     )
     shuffle_advantages: bool = field(
@@ -321,6 +320,7 @@ class ScriptArguments(RolloutConfig):
             get_reward_funcs(self.reward_funcs)
         except ValueError as exc:
             raise ValueError(f"--reward_funcs: {exc}") from None
+        check_mode_rewards(self.reward_funcs, self.mode, has_potential=True)  # the environment's part: below
         if "teacher_match_reward" in self.reward_funcs and not self.reward_teacher:
             raise ValueError("--reward_funcs teacher_match_reward needs --reward_teacher (e.g. grader_heuristic)")
         if self.warm_start not in ("auto", "none"):
@@ -477,6 +477,7 @@ def check_rl_arguments(script_args: ScriptArguments, training_args: Any, model_a
     for name in script_args.eval_baselines:
         if not name.startswith(MODEL_PREFIX):
             check_policy("eval_baselines", name, interface)
+    check_mode_rewards(script_args.reward_funcs, script_args.mode, interface.has_potential())
     weights = training_args.reward_weights
     if weights is not None and len(weights) != len(script_args.reward_funcs):
         raise ValueError(f"--reward_weights {weights} must give one weight per --reward_funcs "

@@ -14,8 +14,7 @@ import yaml
 
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.training.arguments import NOT_WARM_START, SFTScriptArguments, rl_flag
-
-DEFAULT_REWARD_WEIGHTS = [1.0, 0.5]  # of arguments.DEFAULT_REWARDS: the final grade, and the format term
+from rewards import DEFAULT_REWARD_WEIGHTS
 
 
 def cpu_defaults() -> dict[str, Any]:
@@ -26,7 +25,9 @@ def cpu_defaults() -> dict[str, Any]:
         "num_generations": 8,
         "max_steps": 60,
         "max_completion_length": 12,
-        "reward_weights": DEFAULT_REWARD_WEIGHTS,
+        # The main job scores each sampled action by the final grade of its episode (continued to the end by a fast
+        # policy, common random numbers within the group) plus a format term; see the README for the rationale.
+        "reward_weights": list(DEFAULT_REWARD_WEIGHTS),
         "beta": 0.0,
         "temperature": 1.0,
         "logging_steps": 1,
@@ -106,7 +107,8 @@ def recipe_defaults(kind: str, recipe: str, env: str, argv: Sequence[str]) -> di
     2. the environment's (``--env_name`` / ``--env`` on the command line, ``env_name`` in the ``--config`` YAML, else
        ``env``):
        ``recipe_defaults["sft"]``, taken by the RL recipes' warm start as ``--sft_*`` flags too, then
-       ``recipe_defaults[kind]``;
+       ``recipe_defaults[kind]``, then the rollout mode's (``recipe_defaults["<kind>/<mode>"]``, ``--mode`` on the
+       command line or in the YAML, e.g. ``"rl/episode"``: the rewards episode mode learns from);
     3. the named model's preset for that environment (``recipe_defaults["<kind>:<model>"]``, ``--model_name_or_path``
        on the command line or in the YAML).
 
@@ -130,4 +132,5 @@ def recipe_defaults(kind: str, recipe: str, env: str, argv: Sequence[str]) -> di
     if kind == "rl":  # the warm start's settings under the RL recipes' names; the SFT recipe's trainer ones stay out
         names = {f.name for f in fields(SFTScriptArguments)} - set(NOT_WARM_START)
         sft = {rl_flag(k) if k in names else k: v for k, v in sft.items() if k in names or k == "tasks"}
-    return {**defaults, **sft, **own.get(kind, {}), **preset}
+    mode = requested(argv, "mode") or "branch"
+    return {**defaults, **sft, **own.get(kind, {}), **own.get(f"{kind}/{mode}", {}), **preset}
