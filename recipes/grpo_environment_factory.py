@@ -59,7 +59,7 @@ from recruit_trl.rollout.tool_env import (  # noqa: E402
 )
 from recruit_trl.training.arguments import check_range, check_tasks, check_value  # noqa: E402
 from recruit_trl.training.defaults import model_defaults, trainer_defaults  # noqa: E402
-from recruit_trl.training.model_setup import model_init_kwargs, resolve_policy_model  # noqa: E402
+from recruit_trl.training.model_setup import model_init_kwargs, resolve_model  # noqa: E402
 
 
 @dataclass
@@ -121,7 +121,7 @@ def main(
     tasks = list(script_args.tasks or interface.tasks())
 
     # 3. The model and a tokenizer that renders and parses tool calls.
-    model_path = resolve_policy_model(
+    model_path = resolve_model(
         model_args.model_name_or_path,
         interface,
         tasks=script_args.tiny_tasks or tasks,
