@@ -66,3 +66,18 @@ def test_a_recipe_yaml_holds_only_what_differs_from_the_recipe_defaults(recipe, 
     defaults, configured = parsed(recipe, []), parsed(recipe, ["--config", path])
     assert {key: configured[key] for key in written} == written
     assert not [key for key in written if defaults[key] == written[key]], f"{path} repeats a default"
+
+
+def test_the_environment_and_the_model_are_read_by_the_parsers_first_pass(tmp_path):
+    """:func:`recipe_choice` reads only ``--env`` / ``--env_name`` and ``--model_name_or_path`` (on the command line,
+    else in the ``--config`` YAML), by TRL's parser: no abbreviation (``--mode`` is not ``--model_name_or_path``), the
+    ``--flag=value`` form, and every other flag left to the second pass."""
+    from recruit_trl.training.defaults import recipe_choice
+
+    choice = recipe_choice(["--mode", "episode", "--env=conquest", "--tasks", "duel", "--load_in_4bit"])
+    assert (choice.env_name, choice.model_name_or_path) == ("conquest", "")
+    config = tmp_path / "run.yaml"
+    config.write_text("env_name: conquest\nmodel_name_or_path: smollm2\nmax_steps: 3\n")
+    assert recipe_choice(["--config", str(config)]).model_name_or_path == "smollm2"
+    choice = recipe_choice(["--config", str(config), "--model_name_or_path", "tiny", "--env", "clinical"])
+    assert (choice.env_name, choice.model_name_or_path) == ("clinical", "tiny")
