@@ -328,7 +328,7 @@ def main(args: argparse.Namespace) -> dict:
         script_args = ScriptArguments(env_name=ENV, **ROLLOUT)
         rollout = make_rollout(script_args, interface)
         generation = GenerationTimer(rollout)
-        dataset = make_anchor_dataset(script_args, interface, rollout.cache)
+        dataset = make_anchor_dataset(script_args, interface, rollout.cache, tasks=script_args.tasks)
         training_args = GRPOConfig(
             output_dir=args.output_dir,
             max_steps=args.max_steps,

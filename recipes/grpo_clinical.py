@@ -10,17 +10,19 @@ With no arguments on a CPU machine this is the main job, end to end in one outpu
     python recipes/grpo_clinical.py --config recipes/grpo_clinical.yaml
 
 Top to bottom (steps 2-6 are ``recruit_trl.pipeline.run_rl``, which the REINFORCE recipe runs with its own trainer):
-1. Arguments: ``ScriptArguments`` (anchors, rollout mode, rewards, warm start, report) + ``GRPOConfig`` +
-   ``ModelConfig`` through ``TrlParser`` (``--config file.yaml`` supported); CPU-friendly defaults under the
-   environment's own (``env/clinical/training_defaults.py``) under a named model's (``smollm2``'s are sized for 45
-   minutes on 2 cores): ``recruit_trl.training.defaults.recipe_defaults``.
+1. Arguments: ``ScriptArguments`` (anchors, rollout mode, rewards, where RL starts, report) + ``WarmStartArguments``
+   (the warm start's teacher, data and DAgger, the SFT recipe's own) + ``GRPOConfig`` + ``ModelConfig`` through
+   ``TrlParser`` (``--config file.yaml`` supported); the fields' environment-neutral defaults under the environment's
+   own (``env/clinical/training_defaults.py``) and a named model's (``smollm2``'s are sized for 45 minutes on 2
+   cores), under the YAML and the command line: ``recruit_trl.training.defaults.recipe_defaults``.
 2. The environment interface (``--env``) and its tasks (``--tasks``, default: all of the environment's).
 3. The policy model: ``tiny`` (a warm tiny Qwen3 built locally and cached), ``smollm2`` (from its wheel), or
    any local folder / cached hub id, loaded as ``ModelConfig`` says in every stage (dtype, attention,
    ``--load_in_4bit`` for QLoRA).
 4. Warm start (``--warm_start auto``): the SFT recipe's pipeline (``recruit_trl.training.warm_start``), in-process with
    this run's ``ModelConfig``, imitates ``--teacher`` (cached in ``<output_dir>/sft``; DAgger rounds, the best round
-   kept; its settings are the SFT recipe's flags as ``--sft_*``). A pretrained model trains a
+   kept; its settings are the SFT recipe's ``WarmStartArguments``, its budget ``--sft_epochs`` / ``--sft_max_steps`` /
+   ``--sft_batch_size`` / ``--sft_learning_rate``). A pretrained model trains a
    LoRA adapter, which RL continues; the tiny model built here fine-tunes every weight (``--sft_full_finetune``
    unset) and RL then trains every weight too (``--rl_full_finetune`` unset) or a fresh adapter on it.
 5. Anchors: states on tasks x seeds x days, reached by replaying ``--anchor_policy`` (an environment policy) or
@@ -51,24 +53,28 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from trl import GRPOConfig, GRPOTrainer, ModelConfig  # noqa: E402
 
 from recruit_trl.pipeline import run_rl  # noqa: E402
-from recruit_trl.training.arguments import ScriptArguments, check_rl_arguments  # noqa: E402
+from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments, check_rl_arguments  # noqa: E402
 from recruit_trl.training.defaults import recipe_defaults  # noqa: E402
 
 
 def main(
-    script_args: ScriptArguments, training_args: GRPOConfig, model_args: ModelConfig, trainer_cls=GRPOTrainer
+    script_args: ScriptArguments,
+    warm: WarmStartArguments,
+    training_args: GRPOConfig,
+    model_args: ModelConfig,
+    trainer_cls=GRPOTrainer,
 ) -> GRPOTrainer:
     """Steps 2-6 above (``recruit_trl.pipeline.run_rl``) with TRL's ``GRPOTrainer``."""
-    return run_rl(script_args, training_args, model_args, trainer_cls)
+    return run_rl(script_args, warm, training_args, model_args, trainer_cls)
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, GRPOConfig, ModelConfig]:
+def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, WarmStartArguments, GRPOConfig, ModelConfig]:
     """Step 1 above, every value checked before any model is built.
 
     Raises:
         ValueError: one line naming the flag, its value and what it takes.
     """
-    parser = RecipeParser((ScriptArguments, GRPOConfig, ModelConfig))
+    parser = RecipeParser((ScriptArguments, WarmStartArguments, GRPOConfig, ModelConfig))
     parser.set_defaults(**recipe_defaults("rl", "grpo_clinical", "clinical", sys.argv[1:] if argv is None else argv))
     return check_rl_arguments(*parser.parse_args_and_config(args=argv))
 

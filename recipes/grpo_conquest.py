@@ -9,10 +9,10 @@ With no arguments on a CPU machine this runs the whole pipeline on the tiny mode
     python recipes/grpo_conquest.py --config recipes/grpo_conquest.yaml
 
 Top to bottom (the pipeline is ``recruit_trl.pipeline.run_rl``, the clinical recipe's, with the settings below):
-1. Arguments: ``ScriptArguments`` + ``GRPOConfig`` + ``ModelConfig`` through ``TrlParser``; the game's settings
-   (``env/conquest/training_defaults.py``) over the CPU defaults, a named model's own over those, the command line
-   last (``recruit_trl.training.defaults.recipe_defaults``): this recipe is ``recipes/grpo_clinical.py`` with
-   ``--env conquest``.
+1. Arguments: ``ScriptArguments`` + ``WarmStartArguments`` + ``GRPOConfig`` + ``ModelConfig`` through ``TrlParser``;
+   the game's settings (``env/conquest/training_defaults.py``) and a named model's own over the environment-neutral
+   defaults, the YAML and the command line last (``recruit_trl.training.defaults.recipe_defaults``): this recipe is
+   ``recipes/grpo_clinical.py`` with ``--env conquest``.
 2. The model: ``tiny`` is built here from the game's texts (tokenizer and a short warm-up) and cached.
 3. Warm start (``recipes/sft_conquest.py``'s pipeline, into ``<output_dir>/sft``): the teacher decision sets
    (``--sft_data teacher_sets``: the teacher plays ``classic3`` and ``duel``; train seeds 0-99, the fixed 100-row set
@@ -44,24 +44,28 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from trl import GRPOConfig, GRPOTrainer, ModelConfig  # noqa: E402
 
 from recruit_trl.pipeline import run_rl  # noqa: E402
-from recruit_trl.training.arguments import ScriptArguments, check_rl_arguments  # noqa: E402
+from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments, check_rl_arguments  # noqa: E402
 from recruit_trl.training.defaults import recipe_defaults  # noqa: E402
 
 
 def main(
-    script_args: ScriptArguments, training_args: GRPOConfig, model_args: ModelConfig, trainer_cls=GRPOTrainer
+    script_args: ScriptArguments,
+    warm: WarmStartArguments,
+    training_args: GRPOConfig,
+    model_args: ModelConfig,
+    trainer_cls=GRPOTrainer,
 ) -> GRPOTrainer:
     """Steps 2-5 above (``recruit_trl.pipeline.run_rl``) with TRL's ``GRPOTrainer``."""
-    return run_rl(script_args, training_args, model_args, trainer_cls)
+    return run_rl(script_args, warm, training_args, model_args, trainer_cls)
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, GRPOConfig, ModelConfig]:
+def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, WarmStartArguments, GRPOConfig, ModelConfig]:
     """Step 1 above, every value checked before any model is built.
 
     Raises:
         ValueError: one line naming the flag, its value and what it takes.
     """
-    parser = RecipeParser((ScriptArguments, GRPOConfig, ModelConfig))
+    parser = RecipeParser((ScriptArguments, WarmStartArguments, GRPOConfig, ModelConfig))
     parser.set_defaults(**recipe_defaults("rl", "grpo_conquest", "conquest", sys.argv[1:] if argv is None else argv))
     return check_rl_arguments(*parser.parse_args_and_config(args=argv))
 

@@ -66,8 +66,8 @@ from recruit_trl.rollout.tool_env import (  # noqa: E402
     tool_calling_tokenizer,
 )
 from recruit_trl.training.arguments import check_range, check_tasks, check_value  # noqa: E402
-from recruit_trl.training.defaults import model_defaults, requested, trainer_defaults  # noqa: E402
-from recruit_trl.training.model_setup import model_init_kwargs, resolve_policy_model  # noqa: E402
+from recruit_trl.training.defaults import model_defaults, recipe_choice, trainer_defaults  # noqa: E402
+from recruit_trl.training.model_setup import model_init_kwargs, resolve_model  # noqa: E402
 from rewards import DEFAULT_REWARD_WEIGHTS, DEFAULT_REWARDS, get_reward_funcs  # noqa: E402
 
 
@@ -142,7 +142,7 @@ def main(
     tasks = list(script_args.tasks or interface.tasks())
 
     # 3. The model and a tokenizer that renders and parses tool calls.
-    model_path = resolve_policy_model(
+    model_path = resolve_model(
         model_args.model_name_or_path,
         interface,
         tasks=script_args.tiny_tasks or tasks,
@@ -216,7 +216,7 @@ def environment_rewards(argv: list[str]) -> dict:
     """The environment's episode-mode rewards (``--reward_funcs`` and ``--reward_weights`` of its
     ``recipe_defaults["rl/episode"]``), for the environment ``--env`` names (on the command line or in the YAML);
     none for an environment without them or an unknown one (``ScriptArguments`` reports that)."""
-    name = requested(argv, "env_name", alias="env") or DEFAULTS["env_name"]
+    name = recipe_choice(argv).env_name or DEFAULTS["env_name"]
     try:
         own = get_env_interface(name).recipe_defaults.get("rl/episode", {})
     except ValueError:

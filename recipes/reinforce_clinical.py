@@ -22,25 +22,29 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from trl import GRPOConfig, ModelConfig  # noqa: E402
 
 from recruit_trl.pipeline import run_rl  # noqa: E402
-from recruit_trl.training.arguments import ScriptArguments, check_rl_arguments  # noqa: E402
+from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments, check_rl_arguments  # noqa: E402
 from recruit_trl.training.defaults import recipe_defaults  # noqa: E402
 from recruit_trl.training.reinforce import REINFORCE_SETTINGS, ReinforceTrainer  # noqa: E402
 
 
 def main(
-    script_args: ScriptArguments, training_args: GRPOConfig, model_args: ModelConfig, trainer_cls=ReinforceTrainer
+    script_args: ScriptArguments,
+    warm: WarmStartArguments,
+    training_args: GRPOConfig,
+    model_args: ModelConfig,
+    trainer_cls=ReinforceTrainer,
 ) -> ReinforceTrainer:
     """The GRPO recipe's pipeline (``recruit_trl.pipeline.run_rl``) with ``ReinforceTrainer``."""
-    return run_rl(script_args, training_args, model_args, trainer_cls)
+    return run_rl(script_args, warm, training_args, model_args, trainer_cls)
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, GRPOConfig, ModelConfig]:
+def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, WarmStartArguments, GRPOConfig, ModelConfig]:
     """The GRPO recipe's flags with REINFORCE's settings, every value checked before any model is built.
 
     Raises:
         ValueError: one line naming the flag, its value and what it takes.
     """
-    parser = RecipeParser((ScriptArguments, GRPOConfig, ModelConfig))
+    parser = RecipeParser((ScriptArguments, WarmStartArguments, GRPOConfig, ModelConfig))
     defaults = recipe_defaults("rl", "reinforce_clinical", "clinical", sys.argv[1:] if argv is None else argv)
     parser.set_defaults(**{**defaults, **REINFORCE_SETTINGS})
     return check_rl_arguments(*parser.parse_args_and_config(args=argv))

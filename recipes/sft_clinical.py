@@ -1,21 +1,22 @@
 """SFT warm start: imitate a teacher policy's decisions, rendered exactly like the RL prompts, with LoRA.
 
     python recipes/sft_clinical.py                                  # CPU: tiny model, safe-agent teacher
-    python recipes/sft_clinical.py --teacher expert --train_seeds 300-347
+    python recipes/sft_clinical.py --teacher expert --sft_train_seeds 300-347
     accelerate launch recipes/sft_clinical.py --model_name_or_path Qwen/Qwen3-4B --bf16 true --load_in_4bit
 
 Top to bottom:
-1. Arguments: ``SFTScriptArguments`` (``recruit_trl.training.arguments``: the environment, its tasks, the teacher,
-   seeds, balancing, DAgger) + TRL's ``SFTConfig`` + ``ModelConfig`` through ``TrlParser``; CPU-friendly defaults.
-2. Data: teacher traces on ``--train_seeds`` (balanced by action type within each task) and ``--heldout_seeds``
+1. Arguments: ``SFTScriptArguments`` (``recruit_trl.training.arguments``: the environment, its tasks) +
+   ``WarmStartArguments`` (the teacher, seeds, balancing, DAgger: the flags the RL recipes' warm start takes too) +
+   TRL's ``SFTConfig`` + ``ModelConfig`` through ``TrlParser``; CPU-friendly defaults.
+2. Data: teacher traces on ``--sft_train_seeds`` (balanced by action type within each task) and ``--sft_heldout_seeds``
    (untouched), as conversational prompt/completion rows; saved to ``<output_dir>/dataset`` and reused on re-runs.
 3. ``SFTTrainer`` trains a LoRA adapter on the completions only (``--use_peft false``: every weight, which suits the
    tiny model, whose LoRA lacks the capacity to condition on the state; a real model keeps LoRA). For a small
-   vocabulary the loss is the model's own cross-entropy (``--token_metrics``).
+   vocabulary the loss is the model's own cross-entropy (``--sft_token_metrics``).
 4. DAgger (``--dagger_rounds N``): the student plays ``--dagger_seeds`` itself, the teacher labels every state
    it reaches, and training continues on all data so far (``--dagger_epochs``); each round is cached in
    ``<output_dir>/round-K``. The last round's student plays those seeds too, and the round whose student scored
-   best is kept (``--keep_best_round``): its adapter (or model) and the tokenizer are saved to ``--output_dir``.
+   best is kept (``--sft_keep_best_round``): its adapter (or model) and the tokenizer are saved to ``--output_dir``.
    Start GRPO / REINFORCE from it with ``--sft_adapter <output_dir>``.
 5. Held-out report (``<output_dir>/heldout_report.json``): teacher match (also by task and teacher action type),
    strict-JSON and valid-action rates, predicted vs teacher action-type distributions.
@@ -33,27 +34,27 @@ from recruit_trl.training.parsing import RecipeParser, parse_or_exit
 # isort: split
 from trl import ModelConfig, SFTConfig
 
-from recruit_trl.protocol import get_env_interface
-from recruit_trl.training.arguments import SFTScriptArguments, check_sft_arguments, with_env_tasks
+from recruit_trl.training.arguments import SFTScriptArguments, WarmStartArguments, check_sft_arguments
 from recruit_trl.training.defaults import recipe_defaults
-from recruit_trl.training.model_setup import resolve_model_for
+from recruit_trl.training.model_setup import setup_run
 from recruit_trl.training.warm_start import train_sft
 
 
-def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
+def main(
+    script_args: SFTScriptArguments, warm: WarmStartArguments, training_args: SFTConfig, model_args: ModelConfig
+) -> dict:
     # The environment, its tasks, and the base model, resolved once (``tiny`` is built for the environment's prompts).
-    interface = get_env_interface(script_args.env_name)
-    model_path = resolve_model_for(model_args.model_name_or_path, with_env_tasks(script_args, interface), interface)
-    return train_sft(script_args, training_args, model_args, model_path)
+    setup = setup_run(script_args, model_args.model_name_or_path)
+    return train_sft(script_args, warm, training_args, model_args, setup)
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, SFTConfig, ModelConfig]:
+def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, WarmStartArguments, SFTConfig, ModelConfig]:
     """Step 1 above, every value checked before any model is built.
 
     Raises:
         ValueError: one line naming the flag, its value and what it takes.
     """
-    parser = RecipeParser((SFTScriptArguments, SFTConfig, ModelConfig))
+    parser = RecipeParser((SFTScriptArguments, WarmStartArguments, SFTConfig, ModelConfig))
     parser.set_defaults(**recipe_defaults("sft", "sft_clinical", "clinical", sys.argv[1:] if argv is None else argv))
     return check_sft_arguments(*parser.parse_args_and_config(args=argv))
 

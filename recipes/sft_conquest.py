@@ -7,13 +7,15 @@ held-out sets.
     python recipes/sft_conquest.py --config recipes/sft_conquest.yaml
 
 Top to bottom:
-1. Arguments: ``SFTScriptArguments`` (environment, tasks, teacher, seeds, DAgger) + TRL's ``SFTConfig`` +
-   ``ModelConfig`` through ``TrlParser``, with the game's defaults (``env/conquest/training_defaults.py``; a named
-   model's own, e.g. ``smollm2``'s, on top: ``recruit_trl.training.defaults.recipe_defaults``).
-2. Data (``--data teacher_sets``): the teacher plays ``classic3`` and ``duel`` on three disjoint seed ranges, every
+1. Arguments: ``SFTScriptArguments`` (environment, tasks) + ``WarmStartArguments`` (teacher, seeds, DAgger) + TRL's
+   ``SFTConfig`` + ``ModelConfig`` through ``TrlParser``, with the game's defaults
+   (``env/conquest/training_defaults.py``; a named model's own, e.g. ``smollm2``'s, on top:
+   ``recruit_trl.training.defaults.recipe_defaults``).
+2. Data (``--sft_data teacher_sets``): the teacher plays ``classic3`` and ``duel`` on three disjoint seed ranges, every
    decision is a row (the RL prompt, the answer ``{"action_index": k}``), capped so that no decision phase holds more
-   than ``--max_type_fraction`` of a split: ``train`` (``--train_seeds``), ``fixed`` (100 rows, ``--fixed_seeds``)
-   and ``heldout`` (1,000 rows, ``--heldout_seeds``); saved in ``<output_dir>/dataset/sets``.
+   than ``--sft_max_type_fraction`` of a split: ``train`` (``--sft_train_seeds``), ``fixed`` (100 rows,
+   ``--sft_fixed_seeds``) and ``heldout`` (1,000 rows, ``--sft_heldout_seeds``); saved in
+   ``<output_dir>/dataset/sets``.
 3. ``SFTTrainer`` on the completions (every weight of the tiny model built here; a LoRA adapter for a pretrained
    or quantised model; ``--use_peft false``: every weight), optional DAgger rounds; the model and tokenizer are
    saved to ``--output_dir`` (``recruit_trl.training.warm_start.train_sft``, the pipeline ``recipes/grpo_conquest.py``
@@ -29,6 +31,7 @@ checkpoint.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 # recruit_trl before TRL: importing it keeps off the console a notice that TRL's own import would print
 from recruit_trl.training.parsing import RecipeParser, parse_or_exit
@@ -36,31 +39,31 @@ from recruit_trl.training.parsing import RecipeParser, parse_or_exit
 # isort: split
 from trl import ModelConfig, SFTConfig
 
-from recruit_trl.protocol import get_env_interface
-from recruit_trl.training.arguments import SFTScriptArguments, check_sft_arguments, with_env_tasks
+from recruit_trl.training.arguments import SFTScriptArguments, WarmStartArguments, check_sft_arguments
 from recruit_trl.training.defaults import recipe_defaults
-from recruit_trl.training.model_setup import full_finetune, resolve_model_for
+from recruit_trl.training.model_setup import full_finetune, setup_run
 from recruit_trl.training.warm_start import benchmark_sft, train_sft
 
 
-def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
-    # Every weight of the tiny model built here (its LoRA lacks the capacity to imitate the teacher), a LoRA adapter
-    # on a pretrained or quantised model; --use_peft false asks for every weight.
-    # The base model is resolved once (``tiny`` is built for the environment's prompts) and carried to every step.
-    interface = get_env_interface(script_args.env_name)
-    model_path = resolve_model_for(model_args.model_name_or_path, with_env_tasks(script_args, interface), interface)
-    model_args.use_peft = not full_finetune(None, model_args, model_path)
-    report = train_sft(script_args, training_args, model_args, model_path)
-    return benchmark_sft(script_args, training_args, model_args, model_path, report)
+def main(
+    script_args: SFTScriptArguments, warm: WarmStartArguments, training_args: SFTConfig, model_args: ModelConfig
+) -> dict:
+    # The environment, its tasks and the base model are resolved once (``tiny`` is built for the environment's
+    # prompts) and carried to every step. Every weight of the tiny model built here (its LoRA lacks the capacity to
+    # imitate the teacher), a LoRA adapter on a pretrained or quantised model; --use_peft false asks for every weight.
+    setup = setup_run(script_args, model_args.model_name_or_path)
+    model_args = replace(model_args, use_peft=not full_finetune(None, model_args, setup.model_path))
+    report = train_sft(script_args, warm, training_args, model_args, setup)
+    return benchmark_sft(script_args, warm, training_args, model_args, setup, report)
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, SFTConfig, ModelConfig]:
+def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, WarmStartArguments, SFTConfig, ModelConfig]:
     """Step 1 above, every value checked before any model is built.
 
     Raises:
         ValueError: one line naming the flag, its value and what it takes.
     """
-    parser = RecipeParser((SFTScriptArguments, SFTConfig, ModelConfig))
+    parser = RecipeParser((SFTScriptArguments, WarmStartArguments, SFTConfig, ModelConfig))
     parser.set_defaults(**recipe_defaults("sft", "sft_conquest", "conquest", sys.argv[1:] if argv is None else argv))
     return check_sft_arguments(*parser.parse_args_and_config(args=argv))
 

@@ -34,11 +34,10 @@ from dataclasses import dataclass, field
 
 from recruit_trl.files import write_json_atomic
 from recruit_trl.models.loading import keep_4bit_layers_trainable
-from recruit_trl.protocol import get_env_interface
 from recruit_trl.training.anchor_data import make_anchor_dataset
-from recruit_trl.training.arguments import ScriptArguments, with_env_tasks
+from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments
 from recruit_trl.training.defaults import recipe_defaults
-from recruit_trl.training.model_setup import model_init_kwargs, resolve_model_for
+from recruit_trl.training.model_setup import model_init_kwargs, setup_run
 
 FIGURES = {
     "seconds_per_step": "step_time",
@@ -130,17 +129,19 @@ def _leaf_tokens(tree: dict) -> set[int]:
 
 def parse_args(argv: list[str] | None = None):
     """``(BenchArguments, ScriptArguments, GRPOConfig, ModelConfig)`` from the command line, parsed like the GRPO
-    recipe's (``--config file.yaml`` included) with its CPU and model defaults, and no warm start or report.
+    recipe's (``--config file.yaml`` included) with its CPU and model defaults, and no warm start or report (the
+    warm start's settings, :class:`~recruit_trl.training.arguments.WarmStartArguments`, are parsed as the recipe's
+    and unused).
 
     Raises:
         ValueError: when the flags ask for a warm start, an SFT adapter or a report.
     """
     from trl import GRPOConfig, ModelConfig, TrlParser
 
-    parser = TrlParser((BenchArguments, ScriptArguments, GRPOConfig, ModelConfig))
+    parser = TrlParser((BenchArguments, ScriptArguments, WarmStartArguments, GRPOConfig, ModelConfig))
     defaults = recipe_defaults("rl", "bench_rollout", "clinical", sys.argv[1:] if argv is None else argv)
     parser.set_defaults(**{**defaults, "warm_start": "none", "report": False})
-    bench, script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    bench, script_args, _, training_args, model_args = parser.parse_args_and_config(args=argv)
     if script_args.warm_start != "none" or script_args.sft_adapter or script_args.report:
         raise ValueError("bench_rollout trains the base model only: drop --warm_start, --sft_adapter and --report")
     if training_args.use_vllm:
@@ -170,14 +171,13 @@ def build(script_args, training_args, model_args):
 
     if not torch.cuda.is_available():  # as the recipe: the CPU cores shared by the training processes
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(1, training_args.world_size)))
-    interface = get_env_interface(script_args.env_name)
-    with_env_tasks(script_args, interface)
-    model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
+    setup = setup_run(script_args, model_args.model_name_or_path)
+    interface, model_path = setup.interface, setup.model_path
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
     rollout = make_rollout(script_args, interface, seed=training_args.seed)
     episode = script_args.mode == "episode"  # as the pipeline: the rows' own advantages, a generation batch of rows
     dataset = make_anchor_dataset(
-        script_args, interface, rollout.cache, student=model_path,
+        script_args, interface, rollout.cache, tasks=setup.tasks, student=model_path,
         temperature=training_args.temperature, top_p=training_args.top_p,
         min_rows=training_args.generation_batch_size // training_args.num_generations if episode else 0,
     )  # fmt: skip

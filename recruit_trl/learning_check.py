@@ -52,8 +52,8 @@ from recruit_trl.files import read_json, save_figure_atomic, write_json_atomic
 from recruit_trl.models.loading import is_trained, loading_config
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
-from recruit_trl.training.arguments import ScriptArguments, with_env_tasks
-from recruit_trl.training.model_setup import model_init_kwargs, resolve_model_for
+from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments
+from recruit_trl.training.model_setup import model_init_kwargs, run_tasks, setup_run
 from recruit_trl.training.run_report import eval_workers, rl_finished
 from recruit_trl.versions import versions
 
@@ -276,8 +276,8 @@ def load_recipe(path: Path) -> ModuleType:
     return module
 
 
-def parse_recipe_flags(recipe: ModuleType, flags: Sequence[str]) -> tuple[Any, Any, Any]:
-    """``(script_args, training_args, model_args)`` of the recipe's own ``parse_args(flags)``.
+def parse_recipe_flags(recipe: ModuleType, flags: Sequence[str]) -> tuple[Any, Any, Any, Any]:
+    """``(script_args, warm, training_args, model_args)`` of the recipe's own ``parse_args(flags)``.
 
     Raises:
         LearningCheckError: the recipe is not an RL recipe of :func:`recruit_trl.pipeline.run_rl`, or refuses the
@@ -296,7 +296,8 @@ def parse_recipe_flags(recipe: ModuleType, flags: Sequence[str]) -> tuple[Any, A
         raise LearningCheckError(f"{name} refuses the recipe flags: {error}") from None
     except ValueError as exc:
         raise LearningCheckError(f"{name} refuses the recipe flags: {' '.join(str(exc).split())}") from exc
-    if not (isinstance(parsed, tuple) and len(parsed) == 3 and isinstance(parsed[0], ScriptArguments)):
+    shape = [ScriptArguments, WarmStartArguments]
+    if not (isinstance(parsed, tuple) and len(parsed) == 4 and all(map(isinstance, parsed, shape))):
         raise LearningCheckError(f"{name} is not an RL recipe of recruit_trl.pipeline (no ScriptArguments)")
     return parsed
 
@@ -350,16 +351,15 @@ def make_plan(
     # Parsed again with the check's own flags, as a run will be, so that every flag is checked now (the start's flags
     # name fields every RL recipe has).
     probe = [*flags, *own_run_flags(train_seeds[0], "control", out / f"control_seed{train_seeds[0]}")]
-    script_args, training_args, model_args = parse_recipe_flags(module, probe)
+    script_args, _, training_args, model_args = parse_recipe_flags(module, probe)
     previous = read_json(out / FLAGS_FILE)
     if previous is not None and (previous.get("recipe"), previous.get("flags")) != (str(path), list(flags)):
         raise LearningCheckError(f"{out} holds a learning check of {previous.get('recipe')} with the flags "
                                  f"{previous.get('flags')}: give another --output_dir")  # fmt: skip
-    interface = get_env_interface(script_args.env_name)
-    with_env_tasks(script_args, interface)
+    tasks = run_tasks(script_args, get_env_interface(script_args.env_name))
     config = EvalConfig(
         env=script_args.env_name,
-        tasks=tuple(script_args.tasks),
+        tasks=tuple(tasks),
         seeds=tuple(held_out or seed_list(script_args.eval_seeds, "the recipe's --eval_seeds")),
         contract=script_args.contract,
         recent_k=script_args.recent_k,
@@ -376,7 +376,7 @@ def make_plan(
         json_path=Path(json_path).resolve() if json_path else out / "learning_check.json",
         metric=metric,
         env=script_args.env_name,
-        tasks=list(script_args.tasks),
+        tasks=tasks,
         mode=script_args.mode,
         warm_start=script_args.sft_adapter is None and script_args.warm_start == "auto",
         known_start=known_start(script_args, model_args),
@@ -387,7 +387,7 @@ def make_plan(
 
 def known_start(script_args: Any, model_args: Any) -> str | None:
     """The start when no process has to build it: the ``--sft_adapter``, or with ``--warm_start none`` a model folder
-    or hub id (what :func:`recruit_trl.models.loading.resolve_model` returns unchanged); ``None`` otherwise."""
+    or hub id (what :func:`recruit_trl.training.model_setup.resolve_model` returns unchanged); ``None`` otherwise."""
     if script_args.sft_adapter:
         return script_args.sft_adapter
     name = model_args.model_name_or_path
@@ -441,18 +441,17 @@ def build_start(recipe: str, start_dir: str, flags: Sequence[str]) -> dict[str, 
     from recruit_trl.training.warm_start import run_warm_start
 
     module = load_recipe(Path(recipe))
-    script_args, training_args, model_args = parse_recipe_flags(
+    script_args, warm, training_args, model_args = parse_recipe_flags(
         module, [*flags, "--output_dir", str(start_dir), "--report", "false"]
     )
     if not torch.cuda.is_available():  # as the pipeline: every core for this one process
         torch.set_num_threads(max(1, os.cpu_count() or 2))
-    interface = get_env_interface(script_args.env_name)
-    with_env_tasks(script_args, interface)
-    model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
+    setup = setup_run(script_args, model_args.model_name_or_path)
+    model_path = setup.model_path
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
     trained = script_args.sft_adapter is None and script_args.warm_start == "auto"
     if trained:
-        start = run_warm_start(script_args, training_args, model_args, model_path)
+        start = run_warm_start(script_args, warm, training_args, model_args, setup)
     else:
         start = script_args.sft_adapter or model_path
     info = {"start": str(start), "base_model": model_path, "warm_start_trained": trained, "seed": training_args.seed}

@@ -24,24 +24,30 @@ from recruit_trl.models.loading import (
     model_summary,
     used_settings,
 )
-from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.rollout_funcs import make_rollout
 from recruit_trl.training.anchor_data import make_anchor_dataset
-from recruit_trl.training.arguments import ScriptArguments, with_env_tasks
+from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments
 from recruit_trl.training.control import rl_trainer_class
 from recruit_trl.training.model_card import rl_model_card, write_model_card
-from recruit_trl.training.model_setup import last_checkpoint, model_init_kwargs, resolve_model_for, rl_start
+from recruit_trl.training.model_setup import last_checkpoint, model_init_kwargs, rl_start, setup_run
 from recruit_trl.training.run_report import RL_FINISHED, report_run, rl_finished, sft_trained, start_baseline_evals
 from recruit_trl.training.warm_start import run_warm_start
 from rewards import get_reward_funcs
 
 
 def run_rl(
-    script_args: ScriptArguments, training_args: GRPOConfig, model_args: ModelConfig, trainer_cls: type = GRPOTrainer
+    script_args: ScriptArguments,
+    warm: WarmStartArguments,
+    training_args: GRPOConfig,
+    model_args: ModelConfig,
+    trainer_cls: type = GRPOTrainer,
 ) -> GRPOTrainer:
     """The RL recipes' pipeline: environment, policy model, warm start, anchors, rollouts, rewards, training with
     ``trainer_cls`` (``GRPOTrainer`` or a subclass, e.g. :class:`recruit_trl.training.reinforce.ReinforceTrainer`),
     report.
+
+    The arguments are inputs only: what a stage produces (the environment interface, the tasks and the base model,
+    resolved once; the warm start's folder) is passed on to the next stages.
 
     Returns the trainer after training (and the report, when ``script_args.report``).
     """
@@ -52,23 +58,21 @@ def run_rl(
     if not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(1, training_args.world_size)))
 
-    # 1. Environment (and its tasks, unless --tasks names some).
-    interface = get_env_interface(script_args.env_name)
-    with_env_tasks(script_args, interface)
-
-    # 2. Policy model (a local folder).
+    # 1. Environment (and its tasks, unless --tasks names some) and 2. the policy model (a local folder), resolved
+    # once and passed to every stage.
     t0 = time.perf_counter()
-    model_path = resolve_model_for(model_args.model_name_or_path, script_args, interface)
+    setup = setup_run(script_args, model_args.model_name_or_path)
+    interface, model_path = setup.interface, setup.model_path
     timings["base_model"] = time.perf_counter() - t0
     # One model configuration (dtype, attention, quantisation) for every stage: warm start, RL and evaluation.
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
 
     # 3. Warm start: imitate the teacher first (cached in <output_dir>/sft), then continue from what it trained.
-    background = None
-    if script_args.sft_adapter is None and script_args.warm_start == "auto":
+    background, sft_adapter = None, script_args.sft_adapter
+    if sft_adapter is None and script_args.warm_start == "auto":
         t0 = time.perf_counter()
-        background = start_baseline_evals(script_args, training_args, model_args, model_path)
-        script_args.sft_adapter = run_warm_start(script_args, training_args, model_args, model_path)
+        background = start_baseline_evals(script_args, training_args, model_args, setup)
+        sft_adapter = run_warm_start(script_args, warm, training_args, model_args, setup)
         timings["sft"] = time.perf_counter() - t0
     # A finished RL stage (its marker written after the weights and the trainer state) is read back, never trained
     # further: a re-run of a finished command changes no weights, whatever checkpoints were kept.
@@ -78,14 +82,14 @@ def run_rl(
         print(f"RL already finished in {training_args.output_dir}; its weights are read back, not trained further "
               "(another --output_dir or an emptied folder trains again)")  # fmt: skip
     else:
-        model, tokenizer, peft_config = rl_start(script_args, training_args, model_args, model_path)
+        model, tokenizer, peft_config = rl_start(script_args, training_args, model_args, model_path, sft_adapter)
 
     # 4. Anchors (states the samples start from; on-policy ones are recorded by one process, read by the others),
     # rollouts, rewards and training.
     rollout = make_rollout(script_args, interface, seed=training_args.seed)  # the run's seed reaches the dice
     with PartialState().main_process_first():
         dataset = make_anchor_dataset(
-            script_args, interface, rollout.cache, student=script_args.sft_adapter or model_path,
+            script_args, interface, rollout.cache, tasks=setup.tasks, student=sft_adapter or model_path,
             temperature=training_args.temperature, top_p=training_args.top_p,
             states_file=str(Path(training_args.output_dir) / "anchor_states.json"),
             model_loading=loading_config(model_args),
@@ -118,20 +122,22 @@ def run_rl(
         trainer.save_state()  # trainer_state.json: every logged metric, step by step
         if trainer.accelerator.is_main_process:
             # Ours over TRL's card (written at each checkpoint) and PEFT's (written with the adapter).
-            card = rl_model_card(script_args, training_args, model_args, trainer, model_path)
+            card = rl_model_card(script_args, training_args, model_args, trainer, setup, sft_adapter)
             write_model_card(training_args.output_dir, card)
             info = {
                 "base_model": model_path, "world_size": trainer.accelerator.num_processes, "anchors": len(dataset),
-                "model": model_summary(trainer.model), "sft_trained": sft_trained(script_args),
-                "arguments": used_settings(trainer, script=script_args, model_config=model_args),
+                "model": model_summary(trainer.model), "sft_trained": sft_trained(sft_adapter),
+                "arguments": used_settings(trainer, script=script_args, warm_start=warm, model_config=model_args),
             }  # fmt: skip
             write_json_atomic(Path(training_args.output_dir, RL_FINISHED), info)  # the marker: written last
     trainer.accelerator.wait_for_everyone()
 
     # 5. Report: held-out evaluation of base / SFT / RL models and baselines, plots, summary.
     if script_args.report and trainer.accelerator.is_main_process:
-        report_run(script_args, training_args, model_args, trainer, model_path, timings, started, background)
-        card = rl_model_card(script_args, training_args, model_args, trainer, model_path)
+        report_run(
+            script_args, warm, training_args, model_args, trainer, setup, sft_adapter, timings, started, background
+        )
+        card = rl_model_card(script_args, training_args, model_args, trainer, setup, sft_adapter)
         write_model_card(training_args.output_dir, card)  # again, now with the held-out scores
     trainer.accelerator.wait_for_everyone()
     return trainer

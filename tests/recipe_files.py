@@ -21,9 +21,9 @@ def load_recipe(name: str) -> ModuleType:
 
 
 def resolutions(monkeypatch) -> list[str]:
-    """The names of the models resolved from now on: every ``resolve_model`` call of
-    ``recruit_trl.training.model_setup``, through which every recipe resolves its model (the tiny model's
-    fingerprint plays an episode per task each time)."""
+    """The names of the models resolved from now on: every call of ``recruit_trl.training.model_setup.resolve_model``,
+    the one resolver every recipe resolves its model through (the tiny model's fingerprint plays an episode per task
+    each time)."""
     import recruit_trl.training.model_setup as model_setup
 
     resolved, resolve = [], model_setup.resolve_model

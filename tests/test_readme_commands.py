@@ -146,7 +146,7 @@ def test_gpu_commands_parse_and_their_configs_load():
         config = yaml.safe_load((ROOT / argv[argv.index("--config_file") + 1]).read_text())
         assert config["compute_environment"] == "LOCAL_MACHINE"
         recipe_argv = argv[argv.index("recipes/grpo_clinical.py") + 1 :]
-        script_args, training_args, model_args = grpo_clinical.parse_args(recipe_argv)
+        _, _, training_args, model_args = grpo_clinical.parse_args(recipe_argv)
         assert model_args.model_name_or_path == "Qwen/Qwen3-4B"
         assert training_args.bf16
 

@@ -80,7 +80,7 @@ def test_good_values_still_parse(tmp_path):
     """What the checks let through: an anchor policy that is no environment policy, a model as a baseline, the
     stage variants of a task, a quantised LoRA run."""
     recipe = load_recipe("grpo_clinical")
-    script_args, training_args, model_args = recipe.parse_args([
+    script_args, _, training_args, model_args = recipe.parse_args([
         "--output_dir", str(tmp_path), "--anchor_policy", "student", "--eval_baselines", "expert", "model:/a/folder",
         "--tasks", "hard_bench_stage_30", "--num_generations", "4", "--per_device_train_batch_size", "8",
         "--load_in_4bit", "--temperature", "0.7",
@@ -93,12 +93,12 @@ def test_good_values_still_parse(tmp_path):
 
 def test_the_sft_and_tool_loop_recipes_check_their_values_too(tmp_path):
     sft = load_recipe("sft_clinical")
-    with pytest.raises(ValueError, match=r"--train_seeds names no value"):
-        sft.parse_args(["--output_dir", str(tmp_path), "--train_seeds", ""])
+    with pytest.raises(ValueError, match=r"--sft_train_seeds names no value"):
+        sft.parse_args(["--output_dir", str(tmp_path), "--sft_train_seeds", ""])
     with pytest.raises(ValueError, match=r"quantised model .* drop --use_peft false"):
         sft.parse_args(["--output_dir", str(tmp_path), "--use_peft", "false", "--load_in_4bit"])
-    with pytest.raises(ValueError, match=r"--data: data must be one of"):
-        load_recipe("sft_conquest").parse_args(["--output_dir", str(tmp_path), "--data", "rows"])
+    with pytest.raises(ValueError, match=r"--sft_data must be one of"):
+        load_recipe("sft_conquest").parse_args(["--output_dir", str(tmp_path), "--sft_data", "rows"])
     tool_loop = load_recipe("grpo_environment_factory")
     with pytest.raises(ValueError, match=r"--tasks: unknown task\(s\) \['trio'\] for environment 'conquest'"):
         tool_loop.parse_args(["--output_dir", str(tmp_path), "--tasks", "trio"])

@@ -22,6 +22,7 @@ from trl import GRPOTrainer
 
 import env.clinical.agent  # noqa: F401
 from recruit_trl.models.build_cache import METADATA_FILE
+from recruit_trl.training.model_setup import RunSetup
 from recruit_trl.training.sft_data import best_round
 
 ROOT = Path(__file__).parents[1]
@@ -41,7 +42,7 @@ def test_grpo_recipe_trains_lora_and_logs_metrics(warm_model, tmp_path):
     args = recipe.parse_args(
         ["--model_name_or_path", warm_model, "--max_steps", "2", "--output_dir", str(tmp_path), *SMALL]
     )
-    script_args, training_args, model_args = args
+    script_args, _, training_args, model_args = args
     assert model_args.use_peft and training_args.beta == 0.0 and script_args.mode == "branch"
     trainer = recipe.main(*args)
     lora_b = [p for n, p in trainer.model.named_parameters() if "lora_B" in n]
@@ -131,8 +132,9 @@ def test_every_documented_flag_reaches_the_object_it_configures(warm_model, tmp_
 def test_sft_recipe_learning_rate_reaches_its_optimizer(warm_model, tmp_path):
     recipe = load_recipe("sft_clinical")
     flags = [
-        "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", "--train_seeds", "1",
-        "--heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--save_strategy", "no", "--learning_rate", "2e-4",
+        "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1",
+        "--sft_train_seeds", "1", "--sft_heldout_seeds", "2", "--tasks", "hard_bench_stage_30",
+        "--save_strategy", "no", "--learning_rate", "2e-4",
         "--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "4",
     ]  # fmt: skip
     report = recipe.main(*recipe.parse_args(flags))
@@ -151,8 +153,9 @@ def test_grpo_recipe_window_mode_runs(warm_model, tmp_path):
 def test_sft_recipe_trains_and_reports(warm_model, tmp_path):
     recipe = load_recipe("sft_clinical")
     args = recipe.parse_args(
-        ["--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "3", "--train_seeds", "1",
-         "--heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe", "--save_strategy", "no"]
+        ["--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "3",
+         "--sft_train_seeds", "1", "--sft_heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe",
+         "--save_strategy", "no"]
     )  # fmt: skip
     report = recipe.main(*args)
     assert set(report) >= {"teacher_match", "strict_json_rate", "valid_action_rate", "predicted_action_types"}
@@ -160,7 +163,7 @@ def test_sft_recipe_trains_and_reports(warm_model, tmp_path):
 
 
 def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
-    """``--token_metrics false`` trains on the same loss as TRL's path, only without its per-token metrics."""
+    """``--sft_token_metrics false`` trains on the same loss as TRL's path, only without its per-token metrics."""
     from trl import SFTConfig
 
     from recruit_trl.training.sft_data import build_sft_datasets
@@ -178,11 +181,11 @@ def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
         with torch.no_grad():
             losses.append(trainer.compute_loss(trainer.model, dict(batch)).item())
     assert losses[0] == pytest.approx(losses[1], rel=1e-5) and losses[0] > 0
-    script_args = recipe.parse_args(["--model_name_or_path", warm_model])[0]
-    assert token_metrics(script_args, warm_model) is False  # unset: the tiny model's vocabulary is small
-    assert token_metrics(recipe.parse_args(["--token_metrics", "true"])[0], warm_model) is True
+    warm = recipe.parse_args(["--model_name_or_path", warm_model])[1]
+    assert token_metrics(warm, warm_model) is False  # unset: the tiny model's vocabulary is small
+    assert token_metrics(recipe.parse_args(["--sft_token_metrics", "true"])[1], warm_model) is True
     with pytest.raises(SystemExit):
-        recipe.parse_args(["--token_metrics", "maybe"])
+        recipe.parse_args(["--sft_token_metrics", "maybe"])
 
 
 def test_length_bucket_sampler_makes_whole_batches_of_similar_lengths():
@@ -206,8 +209,9 @@ def test_length_bucket_sampler_makes_whole_batches_of_similar_lengths():
 def test_sft_recipe_dagger_round_labels_the_students_states(warm_model, tmp_path, use_peft):
     recipe = load_recipe("sft_clinical")
     flags = [
-        "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "2", "--train_seeds", "1",
-        "--heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe", "--save_strategy", "no",
+        "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "2",
+        "--sft_train_seeds", "1", "--sft_heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe",
+        "--save_strategy", "no",
         "--dagger_rounds", "1", "--dagger_seeds", "5", "--use_peft", str(use_peft),
     ]  # fmt: skip
     saved = "adapter_model.safetensors" if use_peft else "model.safetensors"
@@ -379,10 +383,10 @@ def test_a_model_preset_applies_the_same_from_a_yaml_as_from_the_command_line(tm
     by_yaml = recipe.parse_args(["--config", str(config)])
     for flags, yaml_args in zip(by_flag, by_yaml, strict=True):
         assert flags.to_dict() == yaml_args.to_dict() if hasattr(flags, "to_dict") else vars(flags) == vars(yaml_args)
-    script_args, training_args, _ = by_yaml
+    script_args, _, training_args, _ = by_yaml
     assert (training_args.max_steps, script_args.sft_max_steps) == (12, 16)  # the clinical rl:smollm2 preset
     assert training_args.output_dir == "outputs/grpo_clinical_smollm2"
-    assert recipe.parse_args(["--config", str(config), "--max_steps", "3"])[1].max_steps == 3
+    assert recipe.parse_args(["--config", str(config), "--max_steps", "3"])[2].max_steps == 3
 
 
 def test_the_environment_is_chosen_the_same_from_a_yaml_as_from_the_command_line(tmp_path):
@@ -394,17 +398,18 @@ def test_the_environment_is_chosen_the_same_from_a_yaml_as_from_the_command_line
     config.write_text("env_name: conquest\nenv: {RECRUIT_TRL_TEST_VARIABLE: set}\n")
     parsed = [recipe.parse_args(argv) for argv in (["--env", "conquest"], ["--env_name", "conquest"])]
     parsed.append(recipe.parse_args(["--config", str(config)]))
-    for script_args, training_args, _ in parsed:
-        assert (script_args.env_name, script_args.teacher, script_args.continuation_policy) == (
+    for script_args, warm, training_args, _ in parsed:
+        assert (script_args.env_name, warm.teacher, script_args.continuation_policy) == (
             "conquest", "teacher", "teacher"
         )  # fmt: skip
-        assert vars(script_args) == vars(parsed[0][0]) and training_args.to_dict() == parsed[0][1].to_dict()
+        assert (vars(script_args), vars(warm)) == (vars(parsed[0][0]), vars(parsed[0][1]))
+        assert training_args.to_dict() == parsed[0][2].to_dict()
     assert os.environ.pop("RECRUIT_TRL_TEST_VARIABLE") == "set"
 
 
 def test_yaml_config_is_read_and_flags_override_it():
     recipe = load_recipe("grpo_clinical")
-    script_args, training_args, model_args = recipe.parse_args(
+    script_args, _, training_args, model_args = recipe.parse_args(
         ["--config", str(ROOT / "recipes" / "grpo_clinical.yaml"), "--max_steps", "7"]
     )
     assert training_args.output_dir == "outputs/grpo_clinical_yaml"
@@ -478,9 +483,9 @@ def test_smollm2_trains_one_lora_sft_step_and_one_lora_grpo_step(tmp_path, quant
         "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj",
         *(["--load_in_4bit"] if quantized else []),
     ]  # fmt: skip
-    script_args, training_args, model_args = recipe.parse_args(flags)
-    assert script_args.dagger_rounds == 0 and script_args.sft_learning_rate == 5e-4  # the smollm2 preset applies
-    trainer = recipe.main(script_args, training_args, model_args)
+    script_args, warm, training_args, model_args = recipe.parse_args(flags)
+    assert warm.dagger_rounds == 0 and script_args.sft_learning_rate == 5e-4  # the smollm2 preset applies
+    trainer = recipe.main(script_args, warm, training_args, model_args)
     sft = json.loads((tmp_path / "sft" / "heldout_report.json").read_text())
     for folder in (tmp_path / "sft", tmp_path):
         assert (folder / "adapter_model.safetensors").is_file() and not (folder / "model.safetensors").exists()
@@ -503,7 +508,8 @@ def test_decision_report_is_cached_for_the_weights_and_environment_it_measured(t
     for folder in (base, out):
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"weights")  # the decisions are stubbed: never loaded
-    script_args, _, model_args = recipe.parse_args(["--output_dir", str(out), "--tasks", "hard_bench_stage_30"])
+    script_args, warm, _, model_args = recipe.parse_args(["--output_dir", str(out), "--tasks", "hard_bench_stage_30"])
+    setup = RunSetup(interface=env.clinical.agent.CLINICAL, tasks=["hard_bench_stage_30"], model_path=str(base))
     trainer = SimpleNamespace(args=SimpleNamespace(output_dir=str(out)), state=SimpleNamespace(global_step=2))
     measured = []
     monkeypatch.setattr(decisions, "decision_set", lambda *args, **kwargs: [])
@@ -514,15 +520,15 @@ def test_decision_report_is_cached_for_the_weights_and_environment_it_measured(t
         return {"measured": len(measured)}
 
     monkeypatch.setattr(decision_eval, "evaluate_decisions", evaluate_decisions)
-    assert decision_report(script_args, model_args, trainer, str(base)) == {"measured": 1}
-    assert decision_report(script_args, model_args, trainer, str(base)) == {"measured": 1}  # cached
+    assert decision_report(script_args, warm, model_args, trainer, setup, None) == {"measured": 1}
+    assert decision_report(script_args, warm, model_args, trainer, setup, None) == {"measured": 1}  # cached
     (out / "model.safetensors").write_bytes(b"trained further")  # the same step count, other weights
-    assert decision_report(script_args, model_args, trainer, str(base)) == {"measured": 2}
+    assert decision_report(script_args, warm, model_args, trainer, setup, None) == {"measured": 2}
     (out / "eval" / "decisions.json").write_text('{"key": ')  # torn by a kill: measured again, with a warning
     with pytest.warns(UserWarning, match="decisions.json"):
-        assert decision_report(script_args, model_args, trainer, str(base)) == {"measured": 3}
+        assert decision_report(script_args, warm, model_args, trainer, setup, None) == {"measured": 3}
     script_args.env_name = "tests.toy_env:TOY"  # hypothetical other environment under the same flags
-    assert decision_report(script_args, model_args, trainer, str(base)) == {"measured": 4}
+    assert decision_report(script_args, warm, model_args, trainer, setup, None) == {"measured": 4}
 
 
 def test_sft_recipe_redoes_what_files_torn_by_a_kill_recorded(warm_model, tmp_path):
@@ -531,8 +537,9 @@ def test_sft_recipe_redoes_what_files_torn_by_a_kill_recorded(warm_model, tmp_pa
 
     recipe = load_recipe("sft_clinical")
     flags = [
-        "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", "--train_seeds", "1",
-        "--heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe", "--save_strategy", "no",
+        "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1",
+        "--sft_train_seeds", "1", "--sft_heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe",
+        "--save_strategy", "no",
     ]  # fmt: skip
     report = recipe.main(*recipe.parse_args(flags))
     weights = tmp_path / "adapter_model.safetensors"

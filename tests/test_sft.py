@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from recipe_files import load_recipe
 
 import env.clinical.agent  # noqa: F401
 from recruit_trl.protocol import get_env_interface
@@ -109,39 +110,24 @@ def test_heldout_report_breaks_the_teacher_match_down_by_task_and_action_type(wa
     assert matched == pytest.approx(report["teacher_match"] * report["rows"], abs=1e-2)
 
 
-def test_the_warm_start_takes_every_sft_setting_under_its_rl_name_with_the_same_default():
-    """The RL recipes' warm start settings (``--sft_*``, ``--teacher``, ``--dagger_*``) are the SFT recipe's, one for
-    one: same type and default, so the warm start trains as ``recipes/sft_clinical.py`` would; they cannot drift
-    apart unnoticed."""
+def test_the_warm_start_settings_are_one_dataclass_that_every_recipe_parses():
+    """The SFT recipes and the RL recipes' warm start parse the same :class:`WarmStartArguments` (one field, one
+    default each, under the same flag), beside their own dataclass, which repeats none of its fields; its values are
+    checked at start-up, under either recipe."""
     from dataclasses import fields
-    from typing import get_type_hints
 
-    from recruit_trl.training.arguments import (
-        NOT_WARM_START,
-        ScriptArguments,
-        SFTScriptArguments,
-        rl_flag,
-        warm_start_arguments,
-    )
+    from recruit_trl.training.arguments import ScriptArguments, SFTScriptArguments, WarmStartArguments
 
-    rl_fields, rl_types = {f.name: f for f in fields(ScriptArguments)}, get_type_hints(ScriptArguments)
-    sft_types = get_type_hints(SFTScriptArguments)
-    for f in fields(SFTScriptArguments):
-        if f.name in NOT_WARM_START:
-            assert f.name not in rl_fields or f.name in {"env_name", "contract", "recent_k", "tasks"}
-            continue
-        renamed = rl_fields[rl_flag(f.name)]
-        assert (renamed.default, rl_types[renamed.name]) == (f.default, sft_types[f.name]), f.name
-    assert rl_flag("train_seeds") == "sft_train_seeds" and rl_flag("keep_best_round") == "sft_keep_best_round"
-    assert rl_flag("teacher") == "teacher" and rl_flag("dagger_rounds") == "dagger_rounds"
-    args = ScriptArguments(env_name="clinical", tasks=["easy_bench"], sft_train_seeds="300-301", dagger_rounds=2)
-    sft = warm_start_arguments(args)
-    assert (sft.env_name, sft.tasks, sft.train_seeds, sft.dagger_rounds, sft.teacher, sft.token_metrics) == (
-        "clinical", ["easy_bench"], "300-301", 2, "fallback", None
-    )  # fmt: skip
-    with pytest.raises(ValueError, match="data must be one of"):  # checked at start-up, under either recipe
-        ScriptArguments(env_name="clinical", sft_data="rows")
-    with pytest.raises(ValueError, match="data must be one of"):
-        SFTScriptArguments(env_name="clinical", data="rows")
+    warm = {f.name for f in fields(WarmStartArguments)}
+    for own in (ScriptArguments, SFTScriptArguments):
+        assert not warm & {f.name for f in fields(own)}, own
+    for recipe, own in (("sft_clinical", SFTScriptArguments), ("grpo_clinical", ScriptArguments)):
+        parsed = load_recipe(recipe).parse_args(["--sft_train_seeds", "300-301", "--dagger_rounds", "2"])
+        assert isinstance(parsed[0], own) and isinstance(parsed[1], WarmStartArguments)
+        assert (parsed[1].sft_train_seeds, parsed[1].dagger_rounds) == ("300-301", 2)
+    with pytest.raises(ValueError, match="--sft_data must be one of"):
+        WarmStartArguments(sft_data="rows")
+    with pytest.raises(ValueError, match=r"--sft_epsilon must be in \[0, 1\]"):
+        WarmStartArguments(sft_epsilon=2)
     with pytest.raises(ValueError, match="contract"):
         SFTScriptArguments(env_name="clinical", contract="yaml")

@@ -9,20 +9,20 @@ Run from the repository root; every other flag goes to the recipe. The result is
 import runpy
 import sys
 
-import recruit_trl.models.loading as models
+import recruit_trl.training.model_setup as model_setup
 
 SIZE = {"hidden_size": 256, "num_layers": 4, "num_heads": 8, "num_kv_heads": 2, "intermediate_size": 768}
-resolve_model = models.resolve_model
+model_folder = model_setup.model_folder
 
 
 def larger_tiny(name_or_path="tiny", corpus_fn=None, cache_dir=None, **build_kwargs):
-    """``resolve_model`` with the larger size for ``tiny`` (the size is part of the model cache's key)."""
+    """``model_folder`` with the larger size for ``tiny`` (the size is part of the model cache's key)."""
     if name_or_path.strip().lower() == "tiny":
         build_kwargs.update(SIZE)
-    return resolve_model(name_or_path, corpus_fn, cache_dir, **build_kwargs)
+    return model_folder(name_or_path, corpus_fn, cache_dir, **build_kwargs)
 
 
 if __name__ == "__main__":
-    models.resolve_model = larger_tiny  # the recipe resolves its model through recruit_trl.models.loading at call time
+    model_setup.model_folder = larger_tiny  # the recipe's resolve_model looks model_folder up at call time
     sys.argv = ["recipes/sft_conquest.py", *sys.argv[1:]]
     runpy.run_path("recipes/sft_conquest.py", run_name="__main__")

@@ -44,7 +44,7 @@ from recruit_trl.contracts import INDEX_INSTRUCTIONS  # noqa: E402
 from recruit_trl.files import write_json_atomic  # noqa: E402
 from recruit_trl.protocol import get_env_interface, policy_action  # noqa: E402
 from recruit_trl.rollout.tool_env import TOOL_NAME, environment_factory, tool_calling_tokenizer  # noqa: E402
-from recruit_trl.training.model_setup import resolve_policy_model  # noqa: E402
+from recruit_trl.training.model_setup import resolve_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["--per_device_train_batch_size", "8", "--num_generations", "4", "--learning_rate", "5e-4",
@@ -220,7 +220,7 @@ def main() -> int:
     report = {"results": {}, "context": {}}
     for name, case in CASES.items():
         interface = get_env_interface(name)
-        model = resolve_policy_model("tiny", interface, tasks=case["tiny_tasks"])
+        model = resolve_model("tiny", interface, tasks=case["tiny_tasks"])
         tokenizers = {"tiny": tool_calling_tokenizer(AutoTokenizer.from_pretrained(model))}
         try:
             from recruit_trl.models.smollm2 import load_smollm2

@@ -1,7 +1,7 @@
 """The clinical environment's defaults for recruit_trl's recipes (``ClinicalInterface.recipe_defaults``).
 
-By recipe kind: ``"sft"`` (the SFT recipe; the RL recipes' warm start takes these too, as ``--sft_*``), ``"rl"`` (the
-RL recipes) and ``"rl:smollm2"`` (SmolLM2's run, sized for 2 CPU cores). Any flag overrides them.
+By recipe kind: ``"sft"`` (the SFT recipe), ``"rl"`` (the RL recipes, their warm start included) and ``"rl:smollm2"``
+(SmolLM2's run, sized for 2 CPU cores). Any flag overrides them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ RL: dict[str, Any] = {
     "dagger_rounds": 1,  # what the CPU main job has time for; the best round is kept
     "dagger_seeds": "300-303",  # half the traced seeds: CPU time
     "dagger_epochs": 0.5,  # rows are reshuffled every round, so each round sees a different half
-    "sft_length_buckets": True,  # faster on CPU; safe together with keep_best_round
+    "sft_length_buckets": True,  # faster on CPU; safe together with sft_keep_best_round
 }
 
 # SmolLM2-135M costs about 1.1 s per 400-token decision and 30-45 s per LoRA step of 8 rows on 2 CPU cores, so its

@@ -1,8 +1,9 @@
 """conquest's defaults for recruit_trl's recipes (``ConquestInterface.recipe_defaults``).
 
-By recipe kind: ``"sft"`` (the SFT recipe; the RL recipes' warm start takes these too, as ``--sft_*``), ``"rl"`` (the
-RL recipes), ``"rl/episode"`` (the RL recipes in episode mode, and TRL's tool loop: the rewards of the game's own
-episodes) and ``"<kind>:smollm2"`` (SmolLM2's runs, sized for 2 CPU cores). Any flag overrides them.
+``"common"`` (every recipe: the tasks and the warm start's settings, which the SFT recipe and the RL recipes' warm
+start share), then by recipe kind: ``"sft"`` (the SFT recipe), ``"rl"`` (the RL recipes), ``"rl/episode"`` (the RL
+recipes in episode mode, and TRL's tool loop: the rewards of the game's own episodes) and ``"<kind>:smollm2"``
+(SmolLM2's runs, sized for 2 CPU cores). Any flag overrides them.
 """
 
 from __future__ import annotations
@@ -11,18 +12,18 @@ from typing import Any
 
 # Warm start: the teacher decision sets (the teacher plays classic3 and duel; train seeds 0-99, the fixed 100-row set
 # on seeds 100-109, the 1,000-row held-out set on seeds 300-359).
-SFT: dict[str, Any] = {
+COMMON: dict[str, Any] = {
     "tasks": ["classic3", "duel"],
     "teacher": "teacher",
-    "data": "teacher_sets",
-    "train_seeds": "0-99",
-    "fixed_seeds": "100-109",
-    "heldout_seeds": "300-359",
-    "max_type_fraction": 0.25,
-    "length_buckets": True,
-    "num_train_epochs": 1,
-    "learning_rate": 1e-3,
+    "sft_data": "teacher_sets",
+    "sft_train_seeds": "0-99",
+    "sft_fixed_seeds": "100-109",
+    "sft_heldout_seeds": "300-359",
+    "sft_max_type_fraction": 0.25,
+    "sft_length_buckets": True,
 }
+
+SFT: dict[str, Any] = {"num_train_epochs": 1}
 
 RL: dict[str, Any] = {
     "sft_epochs": 1.0,
@@ -77,10 +78,11 @@ SFT_SMOLLM2: dict[str, Any] = {
     "max_steps": 60,
     "per_device_train_batch_size": 8,
     "learning_rate": 5e-4,
-    "heldout_rows": 300,
+    "sft_heldout_rows": 300,
 }
 
 RECIPE_DEFAULTS = {
+    "common": COMMON,
     "sft": SFT,
     "rl": RL,
     "rl/episode": RL_EPISODE,

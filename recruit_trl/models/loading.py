@@ -24,13 +24,15 @@ from recruit_trl.models.tiny_model import ensure_tiny_model
 # --------------------------------------------------------------------------------------------- resolve
 
 
-def resolve_model(
+def model_folder(
     name_or_path: str = "tiny",
     corpus_fn: Callable[[], Sequence[dict]] | None = None,
     cache_dir: str | Path | None = None,
     **build_kwargs: Any,
 ) -> str:
-    """Map a model name to a local folder usable as ``from_pretrained(...)`` / TRL ``model=`` argument.
+    """Map a model name to a local folder usable as ``from_pretrained(...)`` / TRL ``model=`` argument (the recipes
+    resolve their model through :func:`recruit_trl.training.model_setup.resolve_model`, which gives ``tiny`` its
+    environment's corpus).
 
     ``"tiny"``: :func:`ensure_tiny_model` with ``corpus_fn`` (required) and ``build_kwargs`` (which may
     include ``name`` and ``version_key``). ``"smollm2"``: :func:`load_smollm2`. Anything else (a local
@@ -42,7 +44,7 @@ def resolve_model(
     key = name_or_path.strip().lower()
     if key == "tiny":
         if corpus_fn is None:
-            raise ValueError('resolve_model("tiny") needs corpus_fn: a callable returning the warm-up corpus rows')
+            raise ValueError('model_folder("tiny") needs corpus_fn: a callable returning the warm-up corpus rows')
         with main_process_first():
             return str(ensure_tiny_model(corpus_fn, cache_dir, **build_kwargs))
     if key == "smollm2":

@@ -3,6 +3,8 @@ recorded from a model, as a dataset."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from recruit_trl.evaluation.evaluate import record_anchors
 from recruit_trl.models.loading import model_fingerprint
 from recruit_trl.protocol import EnvInterface
@@ -23,6 +25,7 @@ def make_anchor_dataset(
     interface: EnvInterface,
     cache: AnchorCache | None = None,
     *,
+    tasks: Sequence[str] = (),
     student: str | None = None,
     temperature: float = 1.0,
     top_p: float = 1.0,
@@ -30,13 +33,14 @@ def make_anchor_dataset(
     model_loading: dict | None = None,
     min_rows: int = 0,
 ):
-    """Anchors over ``args.anchor_tasks`` (default ``args.tasks``) x seeds x days whose prefix does not end the
+    """Anchors over ``args.anchor_tasks`` (default ``tasks``: the run's) x seeds x days whose prefix does not end the
     episode, as a Dataset (repeated up to ``min_rows`` rows: :func:`recruit_trl.rollout.anchors.anchor_dataset`).
 
     Args:
-        args: the recipe arguments (``anchor_policy``, ``anchor_seeds``, ``anchor_days``, ``tasks``, ...).
+        args: the recipe arguments (``anchor_policy``, ``anchor_seeds``, ``anchor_days``, ``anchor_tasks``, ...).
         interface: the environment interface.
         cache: the rollout's anchor cache; states recorded from a model are pinned there.
+        tasks: the run's tasks (:class:`recruit_trl.training.model_setup.RunSetup`), unless ``--anchor_tasks``.
         student: the model RL starts from (``--anchor_policy student``).
         temperature: sampling temperature of a recording model (the training temperature: on-policy states).
         top_p: its nucleus.
@@ -45,7 +49,7 @@ def make_anchor_dataset(
         model_loading: how a recording model is loaded (:func:`recruit_trl.models.loading.loading_config`).
     """
     seeds, days = parse_int_ranges(args.anchor_seeds), parse_int_ranges(args.anchor_days)
-    tasks = list(args.anchor_tasks or args.tasks)
+    tasks = list(args.anchor_tasks or tasks)
     cache = cache or AnchorCache(interface, recent_k=args.recent_k)
     if args.anchor_policy == "student" or args.anchor_policy.startswith(MODEL_PREFIX):
         path = student if args.anchor_policy == "student" else args.anchor_policy[len(MODEL_PREFIX) :]

@@ -1,13 +1,16 @@
-"""The recipes' arguments beyond TRL's ``SFTConfig`` / ``GRPOConfig`` and ``ModelConfig``: one flat dataclass per
-stage, each extending the prompt or rollout settings every stage shares, as TRL's configs extend
-``TrainingArguments``.
+"""The recipes' arguments beyond TRL's ``SFTConfig`` / ``GRPOConfig`` and ``ModelConfig``, each setting declared once,
+with one default (environment-neutral: an environment's own and a named model's come from
+:func:`recruit_trl.training.defaults.recipe_defaults`):
 
-- :class:`SFTScriptArguments`: the SFT recipes' (``recipes/sft_*.py``), and the RL recipes' warm start's: the tasks,
-  the teacher, its data and DAgger.
-- :class:`ScriptArguments`: the RL recipes' (``recipes/grpo_*.py``, ``recipes/reinforce_clinical.py``): the
-  rollout (:class:`~recruit_trl.rollout.config.RolloutConfig`), the tasks, anchors and rewards, the warm start (the
-  SFT recipe's settings as ``--sft_*``; ``--teacher`` and ``--dagger_*`` unprefixed: :func:`rl_flag`) and the report.
-  :func:`warm_start_arguments` turns them into the warm start's :class:`SFTScriptArguments`.
+- :class:`WarmStartArguments`: the SFT warm start's settings (the teacher, its data, DAgger), which the SFT recipes
+  (``recipes/sft_*.py``) and the RL recipes' warm start both parse, beside their own dataclass, under the same flags.
+- :class:`SFTScriptArguments`: the SFT recipes' own: the environment, its prompts and the tasks.
+- :class:`ScriptArguments`: the RL recipes' own (``recipes/grpo_*.py``, ``recipes/reinforce_clinical.py``): the
+  rollout (:class:`~recruit_trl.rollout.config.RolloutConfig`), the tasks, anchors and rewards, where RL starts from
+  and the warm start's training budget, and the report.
+
+The arguments are the run's inputs only: what a stage produces (the resolved tasks and model, the warm start's
+adapter) is returned and passed on (:mod:`recruit_trl.training.model_setup`, :mod:`recruit_trl.pipeline`).
 
 Every value is checked while the recipes parse their arguments, before any model is built, and a mistake is one line
 naming the flag, its value and what the flag takes: each dataclass checks its own values as it is built
@@ -17,8 +20,8 @@ policies) or TRL's configs beside them (reward weights, quantisation).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from recruit_trl.protocol import FALLBACK_POLICY, EnvInterface, get_env_interface
@@ -28,17 +31,6 @@ from recruit_trl.rollout.config import PromptConfig, RolloutConfig, check_mode_r
 from rewards import DEFAULT_REWARDS, get_reward_funcs
 
 SFT_DATA = ("traces", "teacher_sets")
-# SFTScriptArguments fields that the RL recipes' warm start does not take: the shared prompt settings and tasks are
-# the RL run's own, and the warm start chooses its loss as the SFT recipe does by default.
-NOT_WARM_START = ("env_name", "contract", "recent_k", "tasks", "token_metrics")
-# The warm start's seed ranges (SFTScriptArguments fields); the teacher's training episodes cannot be none.
-WARM_START_RANGES = ("train_seeds", "heldout_seeds", "fixed_seeds", "dagger_seeds")
-
-
-def rl_flag(name: str) -> str:
-    """The RL recipes' name of an :class:`SFTScriptArguments` field: ``sft_<name>``, except ``teacher`` and
-    ``dagger_*``, which name nothing else there."""
-    return name if name == "teacher" or name.startswith("dagger_") else f"sft_{name}"
 
 
 def tasks_field() -> Any:
@@ -50,41 +42,48 @@ def tasks_field() -> Any:
 
 
 @dataclass
-class SFTScriptArguments(PromptConfig):
-    """The SFT warm start's settings beyond ``SFTConfig`` and ``ModelConfig``: the environment and its prompts
-    (:class:`~recruit_trl.rollout.config.PromptConfig`), the tasks, the teacher and its data, DAgger."""
+class WarmStartArguments:
+    """The SFT warm start's settings: the teacher, its data, DAgger. The SFT recipes (``recipes/sft_*.py``) and the RL
+    recipes (their warm start, ``--warm_start auto``) parse this one dataclass beside their own, under the same flags.
 
-    tasks: list[str] = tasks_field()
+    The flags carry ``sft_`` (the RL recipes' trainer has its own ``--epsilon``, their anchors and evaluation their own
+    seeds), except ``--teacher`` and ``--dagger_*``, which name nothing else in any recipe.
+    """
+
     teacher: str = field(
         default=FALLBACK_POLICY,
         metadata={"help": "Teacher policy registered by the environment (default: its fallback agent)."},
     )
-    data: str = field(
+    sft_data: str = field(
         default="traces",
-        metadata={"help": "Training rows: 'traces' (the teacher's episodes on --train_seeds with --epsilon "
-                  "exploration, capped per action type by --max_type_fraction; held out: the episodes of "
-                  "--heldout_seeds) or 'teacher_sets' (recruit_trl.decisions.teacher_sets: every decision of the "
-                  "teacher's games on --train_seeds, capped per decision phase by --max_type_fraction; held out: "
-                  "the 1,000-row 'heldout' set of --heldout_seeds, beside the 100-row 'fixed' set of --fixed_seeds, "
-                  "the sets `recruit-trl benchmark --data <output_dir>/dataset/sets` scores)."},
+        metadata={"help": "Training rows: 'traces' (the teacher's episodes on --sft_train_seeds with --sft_epsilon "
+                  "exploration, capped per action type by --sft_max_type_fraction; held out: the episodes of "
+                  "--sft_heldout_seeds) or 'teacher_sets' (recruit_trl.decisions.teacher_sets: every decision of the "
+                  "teacher's games on --sft_train_seeds, capped per decision phase by --sft_max_type_fraction; held "
+                  "out: the 1,000-row 'heldout' set of --sft_heldout_seeds, beside the 100-row 'fixed' set of "
+                  "--sft_fixed_seeds, the sets `recruit-trl benchmark --data <output_dir>/dataset/sets` scores)."},
     )  # fmt: skip
-    train_seeds: str = field(default="300-311", metadata={"help": "Reset seeds of the teacher's training episodes."})
-    heldout_seeds: str = field(
+    sft_train_seeds: str = field(
+        default="300-311", metadata={"help": "Reset seeds of the teacher's training episodes."}
+    )
+    sft_heldout_seeds: str = field(
         default="400-402", metadata={"help": "Reset seeds of the held-out episodes (the teacher-match report)."}
     )
-    fixed_seeds: str = field(
-        default="100-109", metadata={"help": "Game seeds of the fixed 100-row set (--data teacher_sets only)."}
+    sft_fixed_seeds: str = field(
+        default="100-109", metadata={"help": "Game seeds of the fixed 100-row set (--sft_data teacher_sets only)."}
     )
-    heldout_rows: int = field(
+    sft_heldout_rows: int = field(
         default=0, metadata={"help": "Held-out rows in the report: a fixed random subset of them (0: all)."}
     )
-    epsilon: float = field(
+    sft_epsilon: float = field(
         default=0.1,
         metadata={"help": "Random-candidate rate while tracing the teacher (state coverage; the states it reaches "
                   "are labelled with the teacher's action)."},
     )  # fmt: skip
-    max_type_fraction: float = field(default=0.35, metadata={"help": "Cap on any action type's share of rows."})
-    balance_by_task: bool = field(default=True, metadata={"help": "Apply the cap within every task's rows."})
+    sft_max_type_fraction: float = field(
+        default=0.35, metadata={"help": "Cap on any action type's share of rows (1: no cap)."}
+    )
+    sft_balance_by_task: bool = field(default=True, metadata={"help": "Apply the cap within every task's rows."})
     dagger_rounds: int = field(
         default=0,
         metadata={"help": "DAgger rounds after the first fit: the model plays, the teacher labels its states."},
@@ -96,20 +95,20 @@ class SFTScriptArguments(PromptConfig):
         default=1.0,
         metadata={"help": "Epochs over all data so far in each DAgger round (rows are reshuffled every round)."},
     )
-    keep_best_round: bool = field(
+    sft_keep_best_round: bool = field(
         default=True,
         metadata={"help": "With DAgger rounds: the last round's student also plays the DAgger seeds, and the round "
                   "whose student scored best (mean final score over the tasks) is the model saved, not necessarily "
                   "the last."},
     )  # fmt: skip
-    token_metrics: bool | None = field(
+    sft_token_metrics: bool | None = field(
         default=None,
         metadata={"help": "true: TRL's loss (a chunked pass over the LM head that also logs entropy and mean token "
                   "accuracy each step, lean on memory for large vocabularies); false: the model's own "
                   "cross-entropy on the same completion tokens (about 20%% faster steps for the tiny model on CPU); "
                   "unset: false when the vocabulary has fewer than 32k tokens."},
     )  # fmt: skip
-    length_buckets: bool = field(
+    sft_length_buckets: bool = field(
         default=False,
         metadata={"help": "Batches of rows of similar lengths, in random order: about 30%% faster steps for the tiny "
                   "model on CPU (prompts run from about 250 to 570 tokens). Each batch then holds one range of days "
@@ -118,8 +117,24 @@ class SFTScriptArguments(PromptConfig):
     )  # fmt: skip
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        check_warm_start(self, flag=lambda name: name)
+        if self.sft_data not in SFT_DATA:
+            raise ValueError(f"--sft_data must be one of {SFT_DATA}, not {self.sft_data!r}")
+        for name in ("sft_train_seeds", "sft_heldout_seeds", "sft_fixed_seeds", "dagger_seeds"):
+            check_range(name, getattr(self, name), required=name == "sft_train_seeds")
+        check_value("sft_epsilon", self.sft_epsilon, 0 <= self.sft_epsilon <= 1, "in [0, 1]")
+        check_value("sft_max_type_fraction", self.sft_max_type_fraction, 0 < self.sft_max_type_fraction <= 1,
+                    "in (0, 1] (1: no cap)")  # fmt: skip
+        check_value("sft_heldout_rows", self.sft_heldout_rows, self.sft_heldout_rows >= 0, ">= 0 (0: all)")
+        check_value("dagger_rounds", self.dagger_rounds, self.dagger_rounds >= 0, ">= 0")
+        check_value("dagger_epochs", self.dagger_epochs, self.dagger_epochs > 0, "> 0")
+
+
+@dataclass
+class SFTScriptArguments(PromptConfig):
+    """The SFT recipes' arguments beyond :class:`WarmStartArguments`, ``SFTConfig`` and ``ModelConfig``: the
+    environment and its prompts (:class:`~recruit_trl.rollout.config.PromptConfig`) and the tasks."""
+
+    tasks: list[str] = tasks_field()
 
 
 @dataclass
@@ -159,7 +174,8 @@ class ScriptArguments(RolloutConfig):
                   "has their size but no credit; what a run gains beyond its control is learnt from the credit."},
     )  # fmt: skip
 
-    # The warm start: an SFT run first (the SFT recipe's settings below), or a given adapter or model.
+    # The warm start: an SFT run first (its settings: WarmStartArguments, and its budget below), or a given adapter or
+    # model.
     sft_adapter: str | None = field(
         default=None,
         metadata={"help": "An SFT LoRA adapter or fully fine-tuned model (recipes/sft_clinical.py) to start from."},
@@ -191,50 +207,6 @@ class ScriptArguments(RolloutConfig):
     )
     sft_learning_rate: float | None = field(
         default=None, metadata={"help": "Learning rate of the SFT warm start (default: 3e-4 full, 1e-3 LoRA)."}
-    )
-    teacher: str = field(
-        default=FALLBACK_POLICY,
-        metadata={
-            "help": "Warm start: the teacher policy registered by the environment (default: its fallback agent)."
-        },
-    )
-    sft_data: str = field(
-        default="traces",
-        metadata={"help": "Warm start: its rows, 'traces' or 'teacher_sets' (the SFT recipe's --data)."},
-    )
-    sft_train_seeds: str = field(
-        default="300-311", metadata={"help": "Warm start: reset seeds of the teacher's training episodes."}
-    )
-    sft_heldout_seeds: str = field(
-        default="400-402", metadata={"help": "Warm start: reset seeds of the held-out episodes (or set)."}
-    )
-    sft_fixed_seeds: str = field(
-        default="100-109", metadata={"help": "Warm start: game seeds of the fixed 100-row set (teacher_sets only)."}
-    )
-    sft_heldout_rows: int = field(default=0, metadata={"help": "Warm start: held-out rows in its report (0: all)."})
-    sft_epsilon: float = field(
-        default=0.1, metadata={"help": "Warm start: random-candidate rate while tracing the teacher."}
-    )
-    sft_max_type_fraction: float = field(
-        default=0.35, metadata={"help": "Warm start: cap on any action type's share of rows."}
-    )
-    sft_balance_by_task: bool = field(default=True, metadata={"help": "Warm start: the cap within every task's rows."})
-    dagger_rounds: int = field(
-        default=0,
-        metadata={"help": "Warm start: DAgger rounds after the first fit (the model plays, the teacher labels)."},
-    )
-    dagger_seeds: str = field(
-        default="300-307", metadata={"help": "Warm start: reset seeds the model plays in each DAgger round."}
-    )
-    dagger_epochs: float = field(
-        default=1.0, metadata={"help": "Warm start: epochs over all data so far in each DAgger round."}
-    )
-    sft_keep_best_round: bool = field(
-        default=True, metadata={"help": "Warm start: keep the DAgger round whose student scored best, not the last."}
-    )
-    sft_length_buckets: bool = field(
-        default=False,
-        metadata={"help": "Warm start: batches of rows of similar lengths (the SFT recipe's --length_buckets)."},
     )
 
     # The report at the end: whole episodes on held-out seeds, and decisions on held-out states.
@@ -340,23 +312,6 @@ class ScriptArguments(RolloutConfig):
         check_value("eval_workers", self.eval_workers, self.eval_workers >= 0, ">= 0 (0: one per CPU core)")
         check_value("eval_temperature", self.eval_temperature, self.eval_temperature >= 0, ">= 0 (0: greedy only)")
         check_value("eval_top_p", self.eval_top_p, 0 < self.eval_top_p <= 1, "in (0, 1]")
-        check_warm_start(self, flag=rl_flag)  # under the RL recipes' names
-        warm_start_arguments(self)  # checks the warm start's settings at start-up, not after the model is built
-
-
-def warm_start_arguments(args: ScriptArguments) -> SFTScriptArguments:
-    """The warm start's :class:`SFTScriptArguments` from the RL recipe's arguments: this run's environment, prompts
-    and tasks, and the ``--sft_*`` settings (checked)."""
-    own = {f.name: getattr(args, f.name) for f in fields(PromptConfig)}
-    sft = {f.name: getattr(args, rl_flag(f.name)) for f in fields(SFTScriptArguments) if f.name not in NOT_WARM_START}
-    return SFTScriptArguments(**own, tasks=list(args.tasks), **sft)
-
-
-def with_env_tasks(args: Any, interface: EnvInterface) -> Any:
-    """``args`` with ``tasks`` set to the environment's own (``interface.tasks()``) when none were given."""
-    if not args.tasks:
-        args.tasks = list(interface.tasks())
-    return args
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -390,29 +345,6 @@ def check_range(flag: str, spec: str, required: bool = False) -> None:
         raise ValueError(f"--{flag} names no value ({spec!r}): use forms like 0-15, 0-170:10 or 3,7,9-11")
 
 
-def check_warm_start(args: Any, flag: Callable[[str], str]) -> None:
-    """The warm start's own values (:class:`SFTScriptArguments` fields, read from ``args`` as ``flag(name)``: the SFT
-    recipe's names, or the RL recipes' :func:`rl_flag`), so that an error names the flag the user gave.
-
-    Raises:
-        ValueError: for the first value the warm start cannot take.
-    """
-
-    def value(name: str) -> Any:
-        return getattr(args, flag(name))
-
-    if value("data") not in SFT_DATA:
-        raise ValueError(f"--{flag('data')}: data must be one of {SFT_DATA}, not {value('data')!r}")
-    for name in WARM_START_RANGES:
-        check_range(flag(name), value(name), required=name == "train_seeds")
-    check_value(flag("epsilon"), value("epsilon"), 0 <= value("epsilon") <= 1, "in [0, 1]")
-    check_value(flag("max_type_fraction"), value("max_type_fraction"), 0 < value("max_type_fraction") <= 1,
-                "in (0, 1] (1: no cap)")  # fmt: skip
-    check_value(flag("heldout_rows"), value("heldout_rows"), value("heldout_rows") >= 0, ">= 0 (0: all)")
-    check_value(flag("dagger_rounds"), value("dagger_rounds"), value("dagger_rounds") >= 0, ">= 0")
-    check_value(flag("dagger_epochs"), value("dagger_epochs"), value("dagger_epochs") > 0, "> 0")
-
-
 def known_tasks(interface: EnvInterface) -> list[str]:
     """Every task id the environment takes: its tasks and the variants it describes beyond them."""
     known = list(interface.tasks())
@@ -443,13 +375,12 @@ def check_policy(flag: str, name: str, interface: EnvInterface) -> None:
         raise ValueError(f"--{flag}: {exc}") from None
 
 
-def check_env_values(args: Any, interface: EnvInterface, policies: Sequence[str]) -> None:
+def check_env_values(args: Any, warm: WarmStartArguments, interface: EnvInterface) -> None:
     """The values only the environment can check: ``args.tasks`` (and ``anchor_tasks`` where there are some) are its
-    tasks, and the policy fields ``policies`` name its policies."""
+    tasks, and the teacher is one of its policies."""
     check_tasks("tasks", args.tasks, interface)
     check_tasks("anchor_tasks", getattr(args, "anchor_tasks", []), interface)
-    for name in policies:
-        check_policy(name, getattr(args, name), interface)
+    check_policy("teacher", warm.teacher, interface)
 
 
 def check_quantised_training(model_args: Any, full_finetune: bool | None, flags: str) -> None:
@@ -461,15 +392,18 @@ def check_quantised_training(model_args: Any, full_finetune: bool | None, flags:
                          f"drop {flags} or the quantisation")  # fmt: skip
 
 
-def check_rl_arguments(script_args: ScriptArguments, training_args: Any, model_args: Any) -> tuple[Any, Any, Any]:
+def check_rl_arguments(
+    script_args: ScriptArguments, warm: WarmStartArguments, training_args: Any, model_args: Any
+) -> tuple[ScriptArguments, WarmStartArguments, Any, Any]:
     """Check what the RL recipes' dataclasses cannot check alone: the environment's tasks and policies, the rewards'
-    weights, the sampling temperature, vLLM and the quantisation. Returns the three unchanged.
+    weights, the sampling temperature, vLLM and the quantisation. Returns the four unchanged.
 
     Raises:
         ValueError: one line naming the flag, its value and what it takes.
     """
     interface = get_env_interface(script_args.env_name)
-    check_env_values(script_args, interface, ["teacher", "continuation_policy"])
+    check_env_values(script_args, warm, interface)
+    check_policy("continuation_policy", script_args.continuation_policy, interface)
     if script_args.reward_teacher:
         check_policy("reward_teacher", script_args.reward_teacher, interface)
     if script_args.anchor_policy != "student" and not script_args.anchor_policy.startswith(MODEL_PREFIX):
@@ -487,16 +421,18 @@ def check_rl_arguments(script_args: ScriptArguments, training_args: Any, model_a
         raise ValueError("--use_vllm: recruit_trl rollouts generate with transformers; vLLM is not supported")
     check_quantised_training(model_args, script_args.sft_full_finetune, "--sft_full_finetune true")
     check_quantised_training(model_args, script_args.rl_full_finetune, "--rl_full_finetune true")
-    return script_args, training_args, model_args
+    return script_args, warm, training_args, model_args
 
 
-def check_sft_arguments(script_args: SFTScriptArguments, training_args: Any, model_args: Any) -> tuple[Any, Any, Any]:
+def check_sft_arguments(
+    script_args: SFTScriptArguments, warm: WarmStartArguments, training_args: Any, model_args: Any
+) -> tuple[SFTScriptArguments, WarmStartArguments, Any, Any]:
     """Check what the SFT recipes' dataclasses cannot check alone: the environment's tasks and teacher, and the
-    quantisation. Returns the three unchanged.
+    quantisation. Returns the four unchanged.
 
     Raises:
         ValueError: one line naming the flag, its value and what it takes.
     """
-    check_env_values(script_args, get_env_interface(script_args.env_name), ["teacher"])
+    check_env_values(script_args, warm, get_env_interface(script_args.env_name))
     check_quantised_training(model_args, not model_args.use_peft, "--use_peft false")
-    return script_args, training_args, model_args
+    return script_args, warm, training_args, model_args

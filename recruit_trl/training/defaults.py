@@ -1,19 +1,15 @@
-"""Recipe defaults: the plugin's environment-neutral ones (CPU trainer settings, the tiny model with LoRA, rewards),
-under the environment's own (:attr:`recruit_trl.protocol.EnvInterface.recipe_defaults`), under a named model's preset
-for that environment; TrlParser puts a ``--config`` YAML and the command line over all of them
-(:func:`recipe_defaults`)."""
+"""Recipe defaults, in three layers: the plugin's environment-neutral ones (each dataclass field's own default; for
+TRL's configs the CPU trainer settings, the tiny model with LoRA, rewards), under the environment's own and its named
+model's preset (:attr:`recruit_trl.protocol.EnvInterface.recipe_defaults`); TrlParser puts a ``--config`` YAML and the
+command line over all of them (:func:`recipe_defaults`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.training.arguments import NOT_WARM_START, SFTScriptArguments, rl_flag
 from rewards import DEFAULT_REWARD_WEIGHTS
 
 
@@ -76,51 +72,49 @@ def sft_defaults() -> dict[str, Any]:
     }
 
 
-def flag_value(argv: Sequence[str], flag: str) -> str | None:
-    """The value of ``--flag`` on the command line (``--flag VALUE`` or ``--flag=VALUE``), else ``None``."""
-    for i, arg in enumerate(argv):
-        if arg == f"--{flag}" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(f"--{flag}="):
-            return arg.split("=", 1)[1]
-    return None
+@dataclass
+class RecipeChoice:
+    """What a recipe's defaults depend on: the environment, the model and the rollout mode (:func:`recipe_choice`)."""
+
+    env_name: str = field(default="", metadata={"aliases": ["--env"]})
+    model_name_or_path: str = ""
+    mode: str = ""
 
 
-def requested(argv: Sequence[str], flag: str, alias: str | None = None) -> str | None:
-    """The value of ``--flag`` (or ``--alias``) on the command line, else of ``flag`` in the ``--config`` YAML file
-    it names, else ``None``."""
-    value = flag_value(argv, flag) or (flag_value(argv, alias) if alias else None)
-    config = flag_value(argv, "config")
-    if value is None and config and Path(config).is_file():
-        loaded = yaml.safe_load(Path(config).read_text()) or {}
-        if isinstance(loaded, dict) and isinstance(loaded.get(flag), str):
-            value = loaded[flag]
-    return value
+def recipe_choice(argv: Sequence[str]) -> RecipeChoice:
+    """The environment (``--env_name`` / ``--env``), the model (``--model_name_or_path``) and the rollout mode
+    (``--mode``) that ``argv`` names, on the command line or in the ``--config`` YAML it names (empty where neither
+    does): a first pass of TRL's own parser (its ``parse_known_args``), whose second pass parses every flag over the
+    defaults they choose."""
+    from trl import TrlParser  # deferred: bench_rollout imports this module before torch
+
+    parser = TrlParser((RecipeChoice,), allow_abbrev=False, add_help=False)  # no --mode read as --model_name_or_path
+    return parser.parse_args_and_config(args=list(argv), return_remaining_strings=True)[0]
 
 
 def recipe_defaults(kind: str, recipe: str, env: str, argv: Sequence[str]) -> dict[str, Any]:
-    """A recipe's parser defaults, each layer over the one before:
+    """A recipe's parser defaults, each layer over the one before (a dataclass field's own default is the plugin's,
+    environment-neutral; TrlParser puts a ``--config`` YAML and the command line over all of them):
 
-    1. the plugin's: the trainer settings of a CPU run (``kind`` ``"rl"``: :func:`cpu_defaults`, ``"sft"``:
-       :func:`sft_defaults`) and the tiny model with LoRA (:func:`model_defaults`); the output folder
-       ``outputs/<recipe>`` (``outputs/<recipe>_<model>`` under a model's preset);
-    2. the environment's (``--env_name`` / ``--env`` on the command line, ``env_name`` in the ``--config`` YAML, else
-       ``env``):
-       ``recipe_defaults["sft"]``, taken by the RL recipes' warm start as ``--sft_*`` flags too, then
-       ``recipe_defaults[kind]``, then the rollout mode's (``recipe_defaults["<kind>/<mode>"]``, ``--mode`` on the
-       command line or in the YAML, e.g. ``"rl/episode"``: the rewards episode mode learns from);
-    3. the named model's preset for that environment (``recipe_defaults["<kind>:<model>"]``, ``--model_name_or_path``
-       on the command line or in the YAML).
+    1. the plugin's values for TRL's configs: the trainer settings of a CPU run (``kind`` ``"rl"``:
+       :func:`cpu_defaults`, ``"sft"``: :func:`sft_defaults`) and the tiny model with LoRA (:func:`model_defaults`);
+       the output folder ``outputs/<recipe>`` (``outputs/<recipe>_<model>`` under a model's preset);
+    2. the environment's (the one ``argv`` names, else ``env``: :func:`recipe_choice`): ``recipe_defaults["common"]``
+       (what every recipe of the environment takes: its tasks, the warm start's settings), then
+       ``recipe_defaults[kind]``, then the rollout mode's (``recipe_defaults["<kind>/<mode>"]``, e.g.
+       ``"rl/episode"``: the rewards episode mode learns from), then the named model's preset for that environment
+       (``recipe_defaults["<kind>:<model>"]``).
 
     Raises:
         ValueError: for an unknown environment.
     """
-    env = requested(argv, "env_name", alias="env") or env
+    choice = recipe_choice(argv)
+    env = choice.env_name or env
     try:
         own = get_env_interface(env).recipe_defaults
     except ValueError as exc:
         raise ValueError(f"--env: {exc}") from None
-    model = (requested(argv, "model_name_or_path") or model_defaults()["model_name_or_path"]).strip().lower()
+    model = (choice.model_name_or_path or model_defaults()["model_name_or_path"]).strip().lower()
     preset = dict(own.get(f"{kind}:{model}", {}))
     defaults = {
         **(cpu_defaults() if kind == "rl" else sft_defaults()),
@@ -128,9 +122,5 @@ def recipe_defaults(kind: str, recipe: str, env: str, argv: Sequence[str]) -> di
         "env_name": env,
         "output_dir": f"outputs/{recipe}_{model}" if preset else f"outputs/{recipe}",
     }
-    sft = dict(own.get("sft", {}))
-    if kind == "rl":  # the warm start's settings under the RL recipes' names; the SFT recipe's trainer ones stay out
-        names = {f.name for f in fields(SFTScriptArguments)} - set(NOT_WARM_START)
-        sft = {rl_flag(k) if k in names else k: v for k, v in sft.items() if k in names or k == "tasks"}
-    mode = requested(argv, "mode") or "branch"
-    return {**defaults, **sft, **own.get(kind, {}), **own.get(f"{kind}/{mode}", {}), **preset}
+    mode = own.get(f"{kind}/{choice.mode or 'branch'}", {})
+    return {**defaults, **own.get("common", {}), **own.get(kind, {}), **mode, **preset}

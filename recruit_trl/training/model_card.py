@@ -20,7 +20,7 @@ from recruit_trl.contracts import MAX_NEW_TOKENS
 from recruit_trl.files import read_json, write_text_atomic
 from recruit_trl.models.build_cache import METADATA_FILE
 from recruit_trl.models.loading import is_adapter
-from recruit_trl.protocol import get_env_interface
+from recruit_trl.protocol import EnvInterface
 from recruit_trl.rollout.config import TO_THE_END
 from recruit_trl.versions import versions
 
@@ -39,26 +39,29 @@ def write_model_card(folder: str | Path, text: str) -> Path:
     return write_text_atomic(path, text)
 
 
-def rl_model_card(script_args: Any, training_args: Any, model_args: Any, trainer: Any, model_path: str) -> str:
+def rl_model_card(
+    script_args: Any, training_args: Any, model_args: Any, trainer: Any, setup: Any, sft_adapter: str | None
+) -> str:
     """The card of the RL recipes' output folder: the base model, the environment, the warm start and the RL stage's
     settings, the held-out scores of ``report.json`` when the report was written, and how to load it.
 
     Args:
-        script_args: the RL recipe's arguments (the warm start is ``sft_adapter``, ``<output_dir>/sft`` when the run
-            trained it).
+        script_args: the RL recipe's arguments.
         training_args: the trainer's ``GRPOConfig``.
         model_args: the ``ModelConfig`` every stage loaded the model with.
         trainer: the trained trainer (its class, its TRL tags and its steps).
-        model_path: the base model's folder.
+        setup: what the run resolved (:class:`~recruit_trl.training.model_setup.RunSetup`: the interface, the tasks,
+            the base model's folder).
+        sft_adapter: the warm start RL continued (``<output_dir>/sft`` when the run trained it), ``None`` without one.
     """
     out = Path(training_args.output_dir)
     stages = []
-    if script_args.sft_adapter:
-        if Path(script_args.sft_adapter).resolve() == (out / "sft").resolve():
+    if sft_adapter:
+        if Path(sft_adapter).resolve() == (out / "sft").resolve():
             sft_report = read_json(out / "sft" / "heldout_report.json") or {}
             stages.append(("SFT warm start (this run, `sft/`)", sft_settings(sft_report)))
         else:
-            stages.append(("Warm start", {"model": f"`{script_args.sft_adapter}` (given with --sft_adapter)"}))
+            stages.append(("Warm start", {"model": f"`{sft_adapter}` (given with --sft_adapter)"}))
     stages.append((f"RL: `{type(trainer).__name__}`", {
         "mode": script_args.mode,
         "optimizer steps": trainer.state.global_step,
@@ -83,33 +86,34 @@ def rl_model_card(script_args: Any, training_args: Any, model_args: Any, trainer
         folder=out,
         what="trained with reinforcement learning (TRL's `GRPOTrainer` with recruit_trl's rollouts)",
         tags=["reinforcement-learning", *getattr(trainer, "_tag_names", [])],
-        script_args=script_args,
+        prompts=script_args,
         model_args=model_args,
-        model_path=model_path,
+        setup=setup,
         stages=stages,
-        scores=rl_scores(report, script_args.env_name) if isinstance(report, dict) else [],
+        scores=rl_scores(report, setup.interface) if isinstance(report, dict) else [],
     )
 
 
-def sft_model_card(script_args: Any, training_args: Any, model_args: Any, model_path: str, report: dict) -> str:
+def sft_model_card(prompts: Any, warm: Any, training_args: Any, model_args: Any, setup: Any, report: dict) -> str:
     """The card of a warm start's folder (the SFT recipes', or ``<output_dir>/sft`` of the RL recipes): the base
     model, the environment, the teacher and the SFT settings, and the held-out report's figures.
 
     Args:
-        script_args: the SFT recipe's arguments (``SFTScriptArguments``).
+        prompts: the recipe's environment and prompt settings (a :class:`~recruit_trl.rollout.config.PromptConfig`).
+        warm: the warm start's settings (:class:`~recruit_trl.training.arguments.WarmStartArguments`).
         training_args: its ``SFTConfig``.
         model_args: the ``ModelConfig`` it loaded the model with.
-        model_path: the base model's folder.
+        setup: what the run resolved (:class:`~recruit_trl.training.model_setup.RunSetup`).
         report: the held-out report (``heldout_report.json``).
     """
     scores = []
-    if script_args.data == "teacher_sets":  # the set benchmark scores its held-out rows, after this card is written
+    if warm.sft_data == "teacher_sets":  # the set benchmark scores its held-out rows, after this card is written
         scores = ["The teacher decision sets' benchmark: `benchmark.json` (the SFT recipe) or the RL run's report."]
     elif "teacher_match" in report:
         rates = (report["teacher_match"], report["strict_json_rate"], report["valid_action_rate"])
         scores = [
             f"Greedy answers on {report['rows']} held-out decisions of the teacher (reset seeds "
-            f"{script_args.heldout_seeds}, never trained on):",
+            f"{warm.sft_heldout_seeds}, never trained on):",
             "",
             "| teacher match | strict JSON | valid action |",
             "|---|---|---|",
@@ -117,11 +121,11 @@ def sft_model_card(script_args: Any, training_args: Any, model_args: Any, model_
         ]
     return model_card(
         folder=Path(training_args.output_dir),
-        what=f"trained with supervised fine-tuning (TRL's `SFTTrainer`) to imitate the `{script_args.teacher}` policy",
+        what=f"trained with supervised fine-tuning (TRL's `SFTTrainer`) to imitate the `{warm.teacher}` policy",
         tags=["sft"],
-        script_args=script_args,
+        prompts=prompts,
         model_args=model_args,
-        model_path=model_path,
+        setup=setup,
         stages=[("SFT", sft_settings(report))],
         scores=scores,
     )
@@ -132,16 +136,16 @@ def model_card(
     folder: Path,
     what: str,
     tags: Sequence[str],
-    script_args: Any,
+    prompts: Any,
     model_args: Any,
-    model_path: str,
+    setup: Any,
     stages: Sequence[tuple[str, Mapping[str, Any]]],
     scores: Sequence[str],
 ) -> str:
     """The card's text: front matter, then the sections every recipe's card has (see the module's docstring)."""
     adapter = is_adapter(folder)
-    hub_id, base_name, about, license_id = base_model_facts(model_path)
-    interface = get_env_interface(script_args.env_name)
+    hub_id, base_name, about, license_id = base_model_facts(setup.model_path)
+    interface = setup.interface
     kind = "A LoRA adapter" if adapter else "A causal language model (every weight fine-tuned)"
     front = {
         "base_model": hub_id,
@@ -159,7 +163,7 @@ def model_card(
     lines += ["---", "", f"# {folder.resolve().name}", ""]
     lines += [
         f"{kind} on {base_name}, {what}, to act in the `{interface.name}` environment: it "
-        f"reads one state as a chat prompt and answers with {answer_phrase(script_args.contract)}. Trained with "
+        f"reads one state as a chat prompt and answers with {answer_phrase(prompts.contract)}. Trained with "
         "recruit_trl, a plugin for Hugging Face [TRL](https://github.com/huggingface/trl) that trains agents on "
         "long-horizon environments.",
         "",
@@ -170,9 +174,9 @@ def model_card(
         "",
         "## Environment and tasks",
         "",
-        f"- environment: `{interface.name}` (`--env {script_args.env_name}`)",
-        f"- tasks: {', '.join(f'`{task}`' for task in script_args.tasks)}",
-        f"- prompts: the `{script_args.contract}` action contract, the last {script_args.recent_k} actions in the "
+        f"- environment: `{interface.name}` (`--env {prompts.env_name}`)",
+        f"- tasks: {', '.join(f'`{task}`' for task in setup.tasks)}",
+        f"- prompts: the `{prompts.contract}` action contract, the last {prompts.recent_k} actions in the "
         "state's digest",
         "",
         "## Training",
@@ -183,7 +187,7 @@ def model_card(
         lines += [f"| {name} | {value} |" for name, value in settings.items()]
         lines.append("")
     lines += ["## Held-out evaluation", "", *(scores or ["Not measured in this folder's run."]), ""]
-    lines += usage_section(folder, adapter, script_args)
+    lines += usage_section(folder, adapter, prompts, setup.tasks)
     lines += ["## Framework versions", "", *(f"- {name} {version}" for name, version in versions().items()), ""]
     return "\n".join(lines)
 
@@ -233,22 +237,22 @@ def answer_phrase(contract: str) -> str:
     return "one JSON object, the environment's full action (the `json` contract)"
 
 
-def usage_section(folder: Path, adapter: bool, script_args: Any) -> list[str]:
+def usage_section(folder: Path, adapter: bool, prompts: Any, tasks: Sequence[str]) -> list[str]:
     """How to load the model (PEFT or transformers), play one decision with recruit_trl's prompts and evaluate it."""
-    task = script_args.tasks[0] if script_args.tasks else "TASK"
+    task = tasks[0] if tasks else "TASK"
     loader = (
         ["from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer"]
         if adapter
         else ["from transformers import AutoModelForCausalLM, AutoTokenizer"]
     )
     load = "AutoPeftModelForCausalLM" if adapter else "AutoModelForCausalLM"
-    listed = " and the numbered candidate actions" if script_args.contract == "index" else ""
+    listed = " and the numbered candidate actions" if prompts.contract == "index" else ""
     return [
         "## How to use",
         "",
         "The prompts are recruit_trl's rendering of a state (`recruit_trl.contracts.build_messages`): the "
         f"environment's system prompt and answer format, then the state{listed}. The model answers "
-        f"{answer_phrase(script_args.contract)}; `recruit_trl.contracts.parse_action` parses the answer strictly and "
+        f"{answer_phrase(prompts.contract)}; `recruit_trl.contracts.parse_action` parses the answer strictly and "
         "plays the environment's safe fallback action for anything else.",
         "",
         "```python",
@@ -259,23 +263,23 @@ def usage_section(folder: Path, adapter: bool, script_args: Any) -> list[str]:
         "",
         f"model = {load}.from_pretrained({quoted(folder)})",
         f"tokenizer = AutoTokenizer.from_pretrained({quoted(folder)})",
-        f"interface = get_env_interface({quoted(script_args.env_name)})",
+        f"interface = get_env_interface({quoted(prompts.env_name)})",
         f"env = interface.make_env({quoted(task)})",
         "obs, info = env.reset(seed=0)",
-        f"messages = build_messages(interface, obs, recent=[], contract={quoted(script_args.contract)})",
+        f"messages = build_messages(interface, obs, recent=[], contract={quoted(prompts.contract)})",
         "inputs = tokenizer.apply_chat_template(",
         '    messages, add_generation_prompt=True, return_tensors="pt", return_dict=True',
         ")",
-        f"output = model.generate(**inputs, max_new_tokens={MAX_NEW_TOKENS[script_args.contract]}, do_sample=False)",
+        f"output = model.generate(**inputs, max_new_tokens={MAX_NEW_TOKENS[prompts.contract]}, do_sample=False)",
         'answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)',
-        f"action = parse_action(answer, {quoted(script_args.contract)}, interface, obs).action",
+        f"action = parse_action(answer, {quoted(prompts.contract)}, interface, obs).action",
         "obs, reward, terminated, truncated, info = env.step(action)",
         "```",
         "",
         "Whole episodes, with the prompts' digest of recent actions:",
         "",
         "```bash",
-        f"recruit-trl eval --env {script_args.env_name} --policy model:{folder} --task {task} --seeds 0-9",
+        f"recruit-trl eval --env {prompts.env_name} --policy model:{folder} --task {task} --seeds 0-9",
         "```",
         "",
     ]
@@ -286,7 +290,7 @@ def quoted(value: Any) -> str:
     return json.dumps(str(value))
 
 
-def rl_scores(report: dict, env_name: str) -> list[str]:
+def rl_scores(report: dict, interface: EnvInterface) -> list[str]:
     """The report's held-out scores as Markdown: the final score (mean ± sd; rate metrics such as a win beside it) of
     every model and baseline per task, this model's difference to its start on the same seeds, and the decision-level
     table when it was measured."""
@@ -295,7 +299,6 @@ def rl_scores(report: dict, env_name: str) -> list[str]:
     lines = []
     results = report.get("results") or []
     if results:
-        interface = get_env_interface(env_name)
         tasks = list(dict.fromkeys(r["task"] for r in results))
         policies = list(dict.fromkeys(r["policy"] for r in results))
         by_key = {(r["policy"], r["task"]): r for r in results}
@@ -339,16 +342,18 @@ def sft_settings(report: Mapping[str, Any]) -> dict[str, Any]:
     first = (report.get("arguments") or [None])[0]
     if not isinstance(first, dict):
         return {"settings": "not recorded"}
-    script, trainer = first["script"], first["trainer"]
+    warm, trainer = first.get("warm_start"), first["trainer"]
+    if not isinstance(warm, dict):  # a folder trained before the warm start's settings were recorded on their own
+        return {"settings": "not recorded"}
     return {
-        "teacher": f"`{script['teacher']}`",
-        "data": f"{script['data']}, seeds {script['train_seeds']}",
+        "teacher": f"`{warm['teacher']}`",
+        "data": f"{warm['sft_data']}, seeds {warm['sft_train_seeds']}",
         "optimizer steps (first fit)": first["global_step"],
         "learning rate": trainer["learning_rate"],
         "rows per device and step": trainer["per_device_train_batch_size"],
         "trained": "a LoRA adapter" if first["model"]["trained"] == "adapter" else "every weight",
-        "DAgger rounds": script["dagger_rounds"],
-        "kept round": (report.get("round_selection") or {}).get("selected_round", script["dagger_rounds"]),
+        "DAgger rounds": warm["dagger_rounds"],
+        "kept round": (report.get("round_selection") or {}).get("selected_round", warm["dagger_rounds"]),
         "seed": trainer["seed"],
     }
 

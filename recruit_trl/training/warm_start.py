@@ -5,18 +5,18 @@ REINFORCE recipes before RL (:func:`run_warm_start`, into ``<output_dir>/sft``).
 
 1. Data: teacher traces on the training seeds (balanced by action type within each task) and the held-out seeds
    (untouched), as conversational prompt/completion rows (:func:`recruit_trl.training.sft_data.build_sft_datasets`), or
-   with ``data="teacher_sets"`` the teacher decision sets' ``train`` and ``heldout`` splits
+   with ``--sft_data teacher_sets`` the teacher decision sets' ``train`` and ``heldout`` splits
    (:func:`recruit_trl.training.sft_data.teacher_set_datasets`, the sets kept in ``<output_dir>/dataset/sets``); saved
    to ``<output_dir>/dataset`` and reused on re-runs.
 2. ``SFTTrainer`` trains a LoRA adapter on the completions only (``use_peft`` false: every weight, which suits the
    tiny model, whose LoRA lacks the capacity to condition on the state). For a small vocabulary the loss is the
-   model's own cross-entropy (``token_metrics``; see :class:`WarmStartSFTTrainer`).
+   model's own cross-entropy (``--sft_token_metrics``; see :class:`WarmStartSFTTrainer`).
 3. DAgger (``dagger_rounds``): the student plays the DAgger seeds itself, the teacher labels every state it
    reaches, and training continues on all data so far (``dagger_epochs``); each round is cached in
    ``<output_dir>/round-K``. The last round's student plays those seeds too, and the round whose student scored
-   best is kept (``keep_best_round``): its adapter (or model) and the tokenizer are saved to the output folder.
+   best is kept (``--sft_keep_best_round``): its adapter (or model) and the tokenizer are saved to the output folder.
 4. Held-out report (``<output_dir>/heldout_report.json``): teacher match (also by task and teacher action type),
-   strict-JSON and valid-action rates, predicted vs teacher action-type distributions. With ``data="teacher_sets"``
+   strict-JSON and valid-action rates, predicted vs teacher action-type distributions. With ``--sft_data teacher_sets``
    the set benchmark scores the held-out rows (:func:`benchmark_sft`; the RL report's), and this report keeps the
    data's and the model's facts only.
 
@@ -31,6 +31,7 @@ import copy
 import json
 import random
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -51,12 +52,12 @@ from recruit_trl.models.loading import (
     model_summary,
     used_settings,
 )
-from recruit_trl.protocol import EnvInterface, get_env_interface
 from recruit_trl.ranges import parse_int_ranges
-from recruit_trl.training.arguments import SFTScriptArguments, warm_start_arguments, with_env_tasks
+from recruit_trl.rollout.config import PromptConfig
+from recruit_trl.training.arguments import WarmStartArguments
 from recruit_trl.training.defaults import sft_defaults
 from recruit_trl.training.model_card import sft_model_card, write_model_card
-from recruit_trl.training.model_setup import full_finetune, last_checkpoint, model_init_kwargs
+from recruit_trl.training.model_setup import RunSetup, full_finetune, last_checkpoint, model_init_kwargs
 from recruit_trl.training.sft_data import (
     balance_action_types,
     best_round,
@@ -73,22 +74,22 @@ SETTINGS_FILE = "training_settings.json"
 
 
 def train_sft(
-    script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig, model_path: str
+    prompts: PromptConfig, warm: WarmStartArguments, training_args: SFTConfig, model_args: ModelConfig, setup: RunSetup
 ) -> dict:
     """Run the warm start into ``training_args.output_dir`` (or reuse what is finished there); returns the held-out
     report.
 
-    ``model_path`` is the base model, resolved once by the recipe (:func:`~recruit_trl.training.model_setup.
-    resolve_model_for`: ``tiny`` built and cached, ``smollm2`` unpacked); ``model_args`` says how it is loaded and
+    ``prompts`` are the run's environment and prompt settings, ``warm`` the warm start's own; ``setup`` holds what the
+    run resolved once (:func:`~recruit_trl.training.model_setup.setup_run`): the environment interface, the tasks and
+    the base model (``tiny`` built and cached, ``smollm2`` unpacked); ``model_args`` says how the model is loaded and
     whether it trains a LoRA adapter.
     """
-    interface = get_env_interface(script_args.env_name)
-    with_env_tasks(script_args, interface)
+    interface, model_path = setup.interface, setup.model_path
     out = Path(training_args.output_dir)
     finished = read_json(out / "heldout_report.json")
     if finished is not None and is_trained(out):
         print(f"SFT already finished in {out}; delete the folder to train again")
-        write_model_card(out, sft_model_card(script_args, training_args, model_args, model_path, finished))
+        write_model_card(out, sft_model_card(prompts, warm, training_args, model_args, setup, finished))
         return finished
 
     # 1. Teacher traces (or decision sets) -> train / held-out chat datasets (reused when already on disk).
@@ -99,7 +100,7 @@ def train_sft(
 
         train, heldout = load_from_disk(str(data_dir / "train")), load_from_disk(str(data_dir / "heldout"))
     else:
-        train, heldout, stats = sft_datasets(script_args, interface, data_dir, training_args.seed)
+        train, heldout, stats = sft_datasets(prompts, warm, setup, data_dir, training_args.seed)
         train.save_to_disk(str(data_dir / "train"))
         heldout.save_to_disk(str(data_dir / "heldout"))
         write_json_atomic(data_dir / "stats.json", stats)
@@ -114,13 +115,13 @@ def train_sft(
             "a quantised model (--load_in_4bit/--load_in_8bit) trains a LoRA adapter: drop --use_peft false"
         )
     loading = loading_config(model_args)  # the students play loaded as they were trained (e.g. 4-bit)
-    rounds = script_args.dagger_rounds
+    rounds = warm.dagger_rounds
     data, model, dagger = train, None, []
     for r in range(rounds + 1):
         round_dir = round_dirs(out, rounds)[r]
         if r > 0:  # the previous round's student plays; the teacher labels the states it reaches
             previous, cache = out / f"round-{r - 1}", data_dir / f"dagger-{r}"
-            data, info = dagger_data(script_args, interface, data, previous, cache, loading)
+            data, info = dagger_data(prompts, warm, setup, data, previous, cache, loading)
             dagger.append({"round": r, **info})
         if is_trained(round_dir) and round_dir != out:
             print(f"DAgger round {r} already trained in {round_dir}")
@@ -131,10 +132,10 @@ def train_sft(
         args = copy.deepcopy(training_args)
         args.output_dir = str(round_dir)
         if r > 0:
-            args.num_train_epochs, args.max_steps = script_args.dagger_epochs, -1  # a step cap is the first fit's
+            args.num_train_epochs, args.max_steps = warm.dagger_epochs, -1  # a step cap is the first fit's
         trainer = WarmStartSFTTrainer(
-            model_loss=not token_metrics(script_args, model_path),
-            length_buckets=script_args.length_buckets,
+            model_loss=not token_metrics(warm, model_path),
+            length_buckets=warm.sft_length_buckets,
             model=model if model is not None else model_path,
             args=args,
             train_dataset=data.remove_columns(["task", "seed", "day", "action_type", "candidate_types"]),
@@ -143,13 +144,13 @@ def train_sft(
         )
         trainer.train(resume_from_checkpoint=last_checkpoint(args.output_dir))
         trainer.save_model(args.output_dir)
-        settings = used_settings(trainer, script=script_args, model_config=model_args)
+        settings = used_settings(trainer, script=prompts, warm_start=warm, model_config=model_args)
         write_json_atomic(round_dir / SETTINGS_FILE, settings)
         model = trainer.model
     selected, selection = rounds, None
-    if rounds > 0 and script_args.keep_best_round:
+    if rounds > 0 and warm.sft_keep_best_round:
         scores = [{task: v["final_score_mean"] for task, v in d["student"].items()} for d in dagger]
-        scores.append(last_round_scores(script_args, interface, out / f"round-{rounds}", data_dir, loading))
+        scores.append(last_round_scores(prompts, warm, setup, out / f"round-{rounds}", data_dir, loading))
         selected = best_round(scores)
         summary = ", ".join(f"round {r}: {mean_over_tasks(s):.3f}" for r, s in enumerate(scores))
         print(f"DAgger students' mean final scores ({summary}); keeping round {selected}")
@@ -163,12 +164,12 @@ def train_sft(
     # same greedy answers, in benchmark.json or the RL report): a real model on CPU takes about a second a row.
     model.eval()
     tokenizer.padding_side = "left"
-    if 0 < script_args.heldout_rows < len(heldout):  # a fixed subset
-        heldout = heldout.shuffle(seed=0).select(range(script_args.heldout_rows))
-    if script_args.data == "teacher_sets":
+    if 0 < warm.sft_heldout_rows < len(heldout):  # a fixed subset
+        heldout = heldout.shuffle(seed=0).select(range(warm.sft_heldout_rows))
+    if warm.sft_data == "teacher_sets":
         report = {"heldout": "scored by the set benchmark"}
     else:
-        report = heldout_report(model, tokenizer, heldout, script_args.contract, interface=interface)
+        report = heldout_report(model, tokenizer, heldout, prompts.contract, interface=interface)
     report["data"] = stats
     report["model"] = model_summary(model)
     report["dagger"] = dagger
@@ -177,7 +178,7 @@ def train_sft(
     report["arguments"] = [read_json(folder / SETTINGS_FILE) for folder in round_dirs(out, rounds)]
     write_json_atomic(out / "heldout_report.json", report)
     # Ours over TRL's card (written at each checkpoint) and PEFT's (written with the adapter).
-    write_model_card(out, sft_model_card(script_args, training_args, model_args, model_path, report))
+    write_model_card(out, sft_model_card(prompts, warm, training_args, model_args, setup, report))
     print(json.dumps({k: v for k, v in report.items() if k != "data"}, indent=2))
     return report
 
@@ -188,30 +189,35 @@ def round_dirs(out: Path, rounds: int) -> list[Path]:
 
 
 def benchmark_sft(
-    script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig, model_path: str, report: dict
+    prompts: PromptConfig,
+    warm: WarmStartArguments,
+    training_args: SFTConfig,
+    model_args: ModelConfig,
+    setup: RunSetup,
+    report: dict,
 ) -> dict:
-    """With ``--data teacher_sets``: the benchmark table (:func:`recruit_trl.decisions.benchmark.run_benchmark`) of the
-    base model, the trained one, the safe agent and the teacher on the ``fixed`` and ``heldout`` sets
-    (``--heldout_rows`` of them when set; free decoding, the constrained teacher match beside it), printed, added to
-    ``report`` and written to ``<output_dir>/benchmark.json`` (reused while the weights are the same). Returns
+    """With ``--sft_data teacher_sets``: the benchmark table (:func:`recruit_trl.decisions.benchmark.run_benchmark`) of
+    the base model, the trained one, the safe agent and the teacher on the ``fixed`` and ``heldout`` sets
+    (``--sft_heldout_rows`` of them when set; free decoding, the constrained teacher match beside it), printed, added
+    to ``report`` and written to ``<output_dir>/benchmark.json`` (reused while the weights are the same). Returns
     ``report``.
     """
-    if script_args.data != "teacher_sets":
+    if warm.sft_data != "teacher_sets":
         return report
     out = Path(training_args.output_dir)
-    policies = {"base": f"model:{model_path}", "sft": f"model:{out}", "safe": "safe"}
-    policies[script_args.teacher] = script_args.teacher
-    config = set_config(script_args)
+    policies = {"base": f"model:{setup.model_path}", "sft": f"model:{out}", "safe": "safe"}
+    policies[warm.teacher] = warm.teacher
+    config = set_config(prompts, warm, setup.tasks)
     key = {
-        "sets": config.key(), "policies": policies, "max_rows": script_args.heldout_rows,
-        "weights": {"base": model_fingerprint(model_path), "sft": model_fingerprint(out)},
+        "sets": config.key(), "policies": policies, "max_rows": warm.sft_heldout_rows,
+        "weights": {"base": model_fingerprint(setup.model_path), "sft": model_fingerprint(out)},
     }  # fmt: skip
     cached = read_json(out / "benchmark.json")
     if isinstance(cached, dict) and cached.get("key") == key:
         result = cached["result"]
     else:
         loading = loading_config(model_args)
-        result = benchmark_sets(config, policies, out / "dataset", script_args.heldout_rows, loading)
+        result = benchmark_sets(config, policies, out / "dataset", warm.sft_heldout_rows, loading)
         write_json_atomic(out / "benchmark.json", {"key": key, "result": result})
     print(format_result(result))
     report["benchmark"] = result["benchmark"]
@@ -237,56 +243,58 @@ def benchmark_sets(
     )  # fmt: skip
 
 
-def sft_datasets(script_args: SFTScriptArguments, interface: EnvInterface, data_dir: Path, seed: int):
-    """(train, held-out, stats) of ``--data``: teacher traces balanced by action type, or the teacher decision sets
+def sft_datasets(prompts: PromptConfig, warm: WarmStartArguments, setup: RunSetup, data_dir: Path, seed: int):
+    """(train, held-out, stats) of ``--sft_data``: teacher traces balanced by action type, or the teacher decision sets
     (built under ``data_dir/sets``)."""
-    if script_args.data == "teacher_sets":
-        config = set_config(script_args)
-        return teacher_set_datasets(interface, config, data_dir / "sets")
+    if warm.sft_data == "teacher_sets":
+        config = set_config(prompts, warm, setup.tasks)
+        return teacher_set_datasets(setup.interface, config, data_dir / "sets")
     return build_sft_datasets(
-        interface,
-        script_args.tasks,
-        parse_int_ranges(script_args.train_seeds),
-        parse_int_ranges(script_args.heldout_seeds),
-        teacher=script_args.teacher,
-        contract=script_args.contract,
-        recent_k=script_args.recent_k,
-        epsilon=script_args.epsilon,
-        max_type_fraction=script_args.max_type_fraction,
-        balance_by="task" if script_args.balance_by_task else None,
+        setup.interface,
+        setup.tasks,
+        parse_int_ranges(warm.sft_train_seeds),
+        parse_int_ranges(warm.sft_heldout_seeds),
+        teacher=warm.teacher,
+        contract=prompts.contract,
+        recent_k=prompts.recent_k,
+        epsilon=warm.sft_epsilon,
+        max_type_fraction=warm.sft_max_type_fraction,
+        balance_by="task" if warm.sft_balance_by_task else None,
         seed=seed,
     )
 
 
-def set_config(sft: SFTScriptArguments):
-    """The :class:`recruit_trl.decisions.teacher_sets.SetConfig` of ``--data teacher_sets``: the environment, tasks,
-    prompts, teacher and seeds of ``sft``, the benchmark's sizes (a 100-row fixed set, a 1,000-row held-out set) and
-    ``max_type_fraction`` as the largest share of a stratum."""
+def set_config(prompts: PromptConfig, warm: WarmStartArguments, tasks: Sequence[str]) -> SetConfig:
+    """The :class:`recruit_trl.decisions.teacher_sets.SetConfig` of ``--sft_data teacher_sets``: the environment and
+    prompts of ``prompts``, ``tasks``, the teacher and seeds of ``warm``, the benchmark's sizes (a 100-row fixed set, a
+    1,000-row held-out set) and ``--sft_max_type_fraction`` as the largest share of a stratum."""
     return SetConfig(
-        env=sft.env_name,
-        tasks=tuple(sft.tasks),
-        teacher=sft.teacher,
-        train_seeds=tuple(parse_int_ranges(sft.train_seeds)),
-        fixed_seeds=tuple(parse_int_ranges(sft.fixed_seeds)),
-        heldout_seeds=tuple(parse_int_ranges(sft.heldout_seeds)),
-        max_share=sft.max_type_fraction,
-        recent_k=sft.recent_k,
+        env=prompts.env_name,
+        tasks=tuple(tasks),
+        teacher=warm.teacher,
+        train_seeds=tuple(parse_int_ranges(warm.sft_train_seeds)),
+        fixed_seeds=tuple(parse_int_ranges(warm.sft_fixed_seeds)),
+        heldout_seeds=tuple(parse_int_ranges(warm.sft_heldout_seeds)),
+        max_share=warm.sft_max_type_fraction,
+        recent_k=prompts.recent_k,
     )
 
 
-def run_warm_start(script_args: Any, training_args: Any, model_args: ModelConfig, model_path: str) -> str:
+def run_warm_start(
+    script_args: Any, warm: WarmStartArguments, training_args: Any, model_args: ModelConfig, setup: RunSetup
+) -> str:
     """The RL recipes' warm start: :func:`train_sft` into ``<output_dir>/sft`` (skipped when already finished
     there); returns that folder.
 
-    ``script_args`` are the RL recipe's (:class:`recruit_trl.training.arguments.ScriptArguments`: the environment, the
-    tasks, the ``--sft_*`` settings). The SFT stage gets this run's ``ModelConfig`` (quantisation, dtype, attention,
+    ``script_args`` are the RL recipe's (:class:`recruit_trl.training.arguments.ScriptArguments`: the environment and
+    prompts, the warm start's training budget), ``warm`` the warm start's settings, ``setup`` what the run resolved
+    (the tasks and the base model). The SFT stage gets this run's ``ModelConfig`` (quantisation, dtype, attention,
     LoRA rank / alpha / targets), so the warm start loads and trains the model exactly as RL will; only ``use_peft`` is
     set by ``--sft_full_finetune``. Its ``SFTConfig`` is :func:`sft_defaults` with this run's seed, precision and
     device settings and the ``--sft_epochs`` / ``--sft_learning_rate`` / ``--sft_batch_size`` / ``--sft_max_steps``
     budget.
     """
-    full = full_finetune(script_args.sft_full_finetune, model_args, model_path)
-    sft_args = warm_start_arguments(script_args)
+    full = full_finetune(script_args.sft_full_finetune, model_args, setup.model_path)
     # activation_checkpointing, not its deprecated alias gradient_checkpointing: a config given the old name warns
     shared = ("seed", "bf16", "fp16", "use_cpu", "activation_checkpointing", "model_init_kwargs")
     sft_config = SFTConfig(
@@ -300,8 +308,8 @@ def run_warm_start(script_args: Any, training_args: Any, model_args: ModelConfig
             "max_steps": script_args.sft_max_steps,
         }
     )
-    sft_model_args = replace(model_args, model_name_or_path=model_path, use_peft=not full)
-    train_sft(sft_args, sft_config, sft_model_args, model_path)
+    sft_model_args = replace(model_args, model_name_or_path=setup.model_path, use_peft=not full)
+    train_sft(script_args, warm, sft_config, sft_model_args, setup)
     return sft_config.output_dir
 
 
@@ -365,10 +373,10 @@ class LengthBucketSampler(torch.utils.data.Sampler):
             yield from batch
 
 
-def token_metrics(script_args: SFTScriptArguments, model_path: str) -> bool:
-    """Whether to train through TRL's loss (with its token metrics); see ``token_metrics``."""
-    if script_args.token_metrics is not None:
-        return script_args.token_metrics
+def token_metrics(warm: WarmStartArguments, model_path: str) -> bool:
+    """Whether to train through TRL's loss (with its token metrics); see ``--sft_token_metrics``."""
+    if warm.sft_token_metrics is not None:
+        return warm.sft_token_metrics
     config_file = Path(model_path, "config.json")
     config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     vocab = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or 0
@@ -376,7 +384,13 @@ def token_metrics(script_args: SFTScriptArguments, model_path: str) -> bool:
 
 
 def dagger_data(
-    script_args: SFTScriptArguments, interface: EnvInterface, data, policy_dir: Path, cache: Path, loading=None
+    prompts: PromptConfig,
+    warm: WarmStartArguments,
+    setup: RunSetup,
+    data,
+    policy_dir: Path,
+    cache: Path,
+    loading=None,
 ):
     """All data so far plus the teacher-labelled states that the adapter in ``policy_dir`` reaches (cached);
     ``loading`` loads the student as it was trained (:func:`recruit_trl.models.loading.loading_config`)."""
@@ -388,17 +402,17 @@ def dagger_data(
     else:
         labelled, student = dagger_rows(
             str(policy_dir),
-            interface,
-            script_args.tasks,
-            parse_int_ranges(script_args.dagger_seeds),
-            teacher=script_args.teacher,
-            contract=script_args.contract,
-            recent_k=script_args.recent_k,
-            env=script_args.env_name,
+            setup.interface,
+            setup.tasks,
+            parse_int_ranges(warm.dagger_seeds),
+            teacher=warm.teacher,
+            contract=prompts.contract,
+            recent_k=prompts.recent_k,
+            env=prompts.env_name,
             model_loading=loading,
         )
-        group_by = "task" if script_args.balance_by_task else None
-        rows = to_conversational(balance_action_types(labelled, script_args.max_type_fraction, group_by=group_by))
+        group_by = "task" if warm.sft_balance_by_task else None
+        rows = to_conversational(balance_action_types(labelled, warm.sft_max_type_fraction, group_by=group_by))
         info = {
             "student": {r["task"]: {k: r[k] for k in ("final_score_mean", "teacher_match")} for r in student},
             "rows": len(rows),
@@ -412,23 +426,23 @@ def dagger_data(
 
 
 def last_round_scores(
-    script_args: SFTScriptArguments, interface: EnvInterface, policy_dir: Path, data_dir: Path, loading=None
+    prompts: PromptConfig, warm: WarmStartArguments, setup: RunSetup, policy_dir: Path, data_dir: Path, loading=None
 ) -> dict:
     """Mean final score per task of the last round's student playing the DAgger seeds (cached), as the earlier
     rounds' students did while their states were labelled."""
-    cache = data_dir / f"student-{script_args.dagger_rounds}.json"
+    cache = data_dir / f"student-{warm.dagger_rounds}.json"
     scores = read_json(cache)
     if scores is not None:
         return scores
     _, results = dagger_rows(
         str(policy_dir),
-        interface,
-        script_args.tasks,
-        parse_int_ranges(script_args.dagger_seeds),
+        setup.interface,
+        setup.tasks,
+        parse_int_ranges(warm.dagger_seeds),
         teacher=None,
-        contract=script_args.contract,
-        recent_k=script_args.recent_k,
-        env=script_args.env_name,
+        contract=prompts.contract,
+        recent_k=prompts.recent_k,
+        env=prompts.env_name,
     )
     scores = {r["task"]: r["final_score_mean"] for r in results}
     write_json_atomic(cache, scores)
