@@ -22,6 +22,18 @@ SFT_RENAMED = {
 # Flags the RL recipes of recruit_trl.pipeline gained: their warm start takes the SFT recipe's loss choice too.
 ADDED = {"sft_token_metrics": None}
 PIPELINE_RECIPES = ("grpo_clinical", "reinforce_clinical", "grpo_conquest")
+# What later changes added or changed on purpose: bench_rollout's --profile, and the rewards that conquest's episodes
+# and TRL's tool loop learn from (the environment's "rl/episode" defaults: the reward functions' one meaning in every
+# mode).
+EPISODE_REWARDS = {"reward_funcs": ["win_reward", "potential_reward"], "reward_weights": [1.0, 1.0]}
+
+
+def intended_changes(recipe: str, argv: list[str]) -> dict:
+    if recipe == "bench_rollout":
+        return {"profile": False, **(EPISODE_REWARDS if "episode" in argv and "conquest" in argv else {})}
+    if recipe == "grpo_environment_factory":
+        return EPISODE_REWARDS
+    return {}
 WARM_START = {f.name for f in fields(WarmStartArguments)}
 
 
@@ -49,6 +61,7 @@ def test_every_recipe_parses_as_before(recipe, argv, monkeypatch):
         before = {name: value for name, value in before.items() if name not in WARM_START}
     elif recipe in PIPELINE_RECIPES:
         before = {**ADDED, **before}
+    before = {**before, **intended_changes(recipe, list(argv))}
     assert now == before, {k: (before.get(k, "-"), now.get(k, "-")) for k in before.keys() | now.keys()
                            if before.get(k, "-") != now.get(k, "-")}  # fmt: skip
 
