@@ -123,10 +123,10 @@ def test_each_mode_takes_the_environments_own_rewards():
     """conquest declares its episode-mode rewards (recipe_defaults["rl/episode"]): the win and the change of its
     potential; branch mode keeps the plugin's (the final score and format), and so does clinical in every mode."""
     conquest = load_recipe("grpo_conquest")
-    branch, branch_training, _ = conquest.parse_args([])
+    branch, _, branch_training, _ = conquest.parse_args([])
     assert (branch.reward_funcs, branch_training.reward_weights) == (["final_score_reward", "format_reward"], [1, 0.5])
-    episode, episode_training, _ = conquest.parse_args(["--mode", "episode"])
+    episode, _, episode_training, _ = conquest.parse_args(["--mode", "episode"])
     assert (episode.reward_funcs, episode_training.reward_weights) == (["win_reward", "potential_reward"], [1.0, 1.0])
-    clinical, clinical_training, _ = load_recipe("grpo_clinical").parse_args(["--mode", "episode"])
+    clinical, _, clinical_training, _ = load_recipe("grpo_clinical").parse_args(["--mode", "episode"])
     assert (clinical.reward_funcs, clinical_training.reward_weights) == (["final_score_reward", "format_reward"],
                                                                          [1.0, 0.5])  # fmt: skip

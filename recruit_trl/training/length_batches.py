@@ -56,18 +56,20 @@ def _rows(value: Any, index: torch.Tensor) -> Any:
 
 class LengthSortedBatches:
     """A mixin for ``GRPOTrainer`` classes: a generation batch is split into micro-batches of similar prompt lengths
-    (:func:`length_sorted_split`) instead of TRL's random split, with the same buffering: one generation every
-    ``steps_per_generation * num_iterations`` micro-steps, micro-step ``k`` trains on micro-batch ``k %
-    steps_per_generation``. Evaluation batches go through TRL's own path, multimodal ones through TRL's split."""
+    (:func:`length_sorted_split`, ties in TRL's random order) instead of TRL's random split, with the same buffering:
+    one generation every ``steps_per_generation * num_iterations`` micro-steps, micro-step ``k`` trains on
+    micro-batch ``k % steps_per_generation``. A batch of one micro-batch, an evaluation batch and a multimodal one
+    take TRL's own path."""
 
     def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
         if not self.model.training:
             return super()._prepare_inputs(generation_batch)
         steps = self.args.steps_per_generation
         if self._step % (steps * self.num_iterations) == 0 or self._buffered_inputs is None:
-            batch = self._generate_and_score_completions(generation_batch)
-            if any(batch.get(key) is not None for key in PROMPT_ALIGNED):
-                self._buffered_inputs = split_tensor_dict(shuffle_sequence_dict(batch), steps)
+            # TRL's shuffle first: the same draw from the global RNG as TRL's split, so later sampling is unchanged
+            batch = shuffle_sequence_dict(self._generate_and_score_completions(generation_batch))
+            if steps == 1 or any(batch.get(key) is not None for key in PROMPT_ALIGNED):
+                self._buffered_inputs = split_tensor_dict(batch, steps)  # one micro-batch: nothing to sort
             else:
                 self._buffered_inputs = length_sorted_split(batch, steps)
         return self._buffered_inputs[self._step % steps]
