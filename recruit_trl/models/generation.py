@@ -283,8 +283,13 @@ def decode_tree(
                 new_mask[r, width - len(feed) :] = 1
         mask = torch.cat([mask, new_mask], dim=1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -width:]
-        # logits of every fed completion token's successor when checking, else of the last position only
-        keep = width if check_unchanged else 1
+        # the positions that predict completion tokens, each row's last ones (feeds are right-aligned): when checking,
+        # in the first pass the prompt's last and every forced token, later every token fed; else the last one only
+        predicting = [
+            (len(feed) - len(batch[r]) + 1 if first else len(feed)) if feed and check_unchanged else 1
+            for r, feed in enumerate(feeds)
+        ]
+        keep = max(predicting)
         out = model(
             input_ids=chunk.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
             cache=cache, use_cache=True, logits_to_keep=keep,
@@ -294,11 +299,8 @@ def decode_tree(
         for r, feed in enumerate(feeds):
             if not feed:
                 continue
-            if check_unchanged:
-                # positions predicting completion tokens: in the first pass the prompt's last and every forced
-                # token, later every token fed (the first of them was predicted by the previous pass)
-                predicting = len(feed) - len(batch[r]) + 1 if first else len(feed)
-                own[r].extend(logits[r, keep - predicting :].argmax(-1).tolist())
+            if check_unchanged:  # the first token fed after the first pass was predicted by the pass before
+                own[r].extend(logits[r, keep - predicting[r] :].argmax(-1).tolist())
             unfed[r] = []
             if done(r):
                 continue
