@@ -76,7 +76,8 @@ class LengthSortedBatches:
 
 
 def length_sorted_trainer(trainer_cls: type) -> type:
-    """``trainer_cls`` with :class:`LengthSortedBatches` mixed in."""
+    """``trainer_cls`` with :class:`LengthSortedBatches` mixed in, under the same name: what it trains is
+    ``trainer_cls``'s (the name reaches the model card and the run report)."""
     if issubclass(trainer_cls, LengthSortedBatches):
         return trainer_cls
-    return type(f"LengthSorted{trainer_cls.__name__}", (LengthSortedBatches, trainer_cls), {})
+    return type(trainer_cls.__name__, (LengthSortedBatches, trainer_cls), {})
