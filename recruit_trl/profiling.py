@@ -152,11 +152,9 @@ class Profile:
 def rollout_wraps(profile: Profile, rollout) -> None:
     """Wrap the rollout's shares (the rollout call itself as ``play_other``)."""
     profile.wrap(type(rollout), "__call__", "play_other")
-    for name in ("build_messages",):
-        profile.wrap(rollout_funcs, name, "prompt")
+    profile.wrap(rollout_funcs, "build_messages", "prompt")
     for name in ("encode_messages", "prompt_for"):
-        if name in vars(rollout_funcs._RolloutBase):
-            profile.wrap(rollout_funcs._RolloutBase, name, "prompt")
+        profile.wrap(rollout_funcs._RolloutBase, name, "prompt")
     profile.wrap(rollout_funcs, "sample", "decode")
     for name in ("apply", "continue_", "start"):
         profile.wrap(continuation.Scorer, name, "environment")

@@ -77,6 +77,15 @@ class FallbackPolicy:
         return self.interface.fallback_action(obs)
 
 
+# Interface methods that episode mode read before its rewards came from the reward functions, and what replaces them.
+RETIRED_METHODS = {
+    "episode_outcome": "an episode's outcome is the sum of its decisions' step rewards under --reward_funcs x "
+    "--reward_weights (e.g. rewards.conquest.win_reward on the last decision's row)",
+    "step_reward": "a decision's step reward is --reward_funcs x --reward_weights on its step row; define potential() "
+    "and name rewards.potential_reward for the change of a potential",
+}
+
+
 class EnvInterface:
     """What the plugin needs to turn an environment into prompts, actions and reward fields, and the environment's
     training defaults: the base class of every environment interface, each optional member's default in one place.
@@ -123,6 +132,13 @@ class EnvInterface:
     reference_scores: Mapping[str, float] = MappingProxyType({})
     reference_band: tuple[str, str, float, float] | None = None
     recipe_defaults: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Methods episode mode no longer calls: an override would be ignored without a word, so it is refused.
+        super().__init_subclass__(**kwargs)
+        for name, instead in RETIRED_METHODS.items():
+            if name in vars(cls):
+                raise TypeError(f"{cls.__name__}.{name} is no longer called: {instead}")
 
     # Required: the environment and its text.
 

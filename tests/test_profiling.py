@@ -67,7 +67,7 @@ def test_a_method_wrapped_on_a_class_or_an_instance_is_restored():
     profile.wrap(Env, "step", "environment")
     profile.wrap(env, "step", "environment")
     assert env.step() == 1 and other.step() == 1
-    assert profile.seconds["environment"] >= 0.0
+    assert profile.seconds["environment"] > 0.0  # both wrappers timed
     profile.undo()
     assert Env.step.__name__ == "step" and "step" not in vars(env)
 
