@@ -6,7 +6,10 @@ Fields summed over the scored steps (the sampled action plus the continuation ho
 * :func:`screening_reward`: eligible screens (``screen_success``).
 * :func:`dropout_penalty`: minus the number of steps with a dropout (``dropout``).
 * :func:`milestone_reward`: enrolment-milestone bonuses (``milestone_bonus``).
-* :func:`hypothesis_reward`: mean hypothesis accuracy per scored step (``hypothesis_accuracy / scored_steps``).
+* :func:`hypothesis_reward`: the hypothesis accuracy of each scored step's state (``hypothesis_accuracy``).
+
+Every one is a sum over steps, so it means the same in every mode: over a branch's steps (branch and window mode), over
+an episode's (episode mode's outcome, the sum of its decisions' step rewards) and over a tool-loop rollout's.
 """
 
 from __future__ import annotations
@@ -39,7 +42,10 @@ def milestone_reward(completions: list, **kwargs: Any) -> list[float | None]:
 
 
 def hypothesis_reward(completions: list, **kwargs: Any) -> list[float | None]:
-    """Mean hypothesis accuracy over the scored steps (1 for the hypothesis matching the world type)."""
-    totals = row_field("hypothesis_accuracy", kwargs, "hypothesis_reward")
-    steps = row_field("scored_steps", kwargs, "hypothesis_reward")
-    return [None if t is None else float(t) / max(1, int(n)) for t, n in zip(totals, steps, strict=True)]
+    """Hypothesis accuracy summed over the scored steps (each step's state: 1 for the hypothesis matching the world
+    type): the steps spent on the right hypothesis.
+
+    A sum, as every other component, not a mean per step: a mean of each row is not the mean of the episode once rows
+    are summed into it (episode mode, the tool loop), so it would mean something else in every mode.
+    """
+    return as_floats(row_field("hypothesis_accuracy", kwargs, "hypothesis_reward"))

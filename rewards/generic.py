@@ -1,7 +1,9 @@
 """Reward functions for any recruit_trl environment: they read fields every rollout returns.
 
 * :func:`env_return_reward`: the environment's own shaped reward (``env_return``).
-* :func:`format_reward`: 1 when the model's text parsed under the action contract, else 0 (``valid``).
+* :func:`format_reward`: a penalty of -1 when the model's text did not parse under the action contract, else 0
+  (``valid``). A penalty, not a payment per parsed answer: summed over an episode's decisions (episode mode's outcome)
+  a payment would favour long episodes and make each decision's return count the decisions left.
 * :func:`action_shaping_reward`: the interface's shaping of the sampled action (``action_shaping``; ``None`` for
   unparseable rows, which :func:`format_reward` already scores). The clinical environment's is the reference's:
   +0.20 allocate, +0.15 recontact, +0.10 screen, -0.10 adjust_strategy while a productive action was available.
@@ -64,8 +66,9 @@ def env_return_reward(completions: list, **kwargs: Any) -> list[float | None]:
 
 
 def format_reward(completions: list, **kwargs: Any) -> list[float | None]:
-    """1.0 when the completion parsed under the action contract (window mode: the fraction of turns), else 0."""
-    return as_floats(row_field("valid", kwargs, "format_reward"))
+    """-1.0 when the completion did not parse under the action contract, 0 when it did (window mode: minus the
+    fraction of turns that did not parse)."""
+    return [None if v is None else float(v) - 1.0 for v in row_field("valid", kwargs, "format_reward")]
 
 
 def action_shaping_reward(completions: list, **kwargs: Any) -> list[float | None]:

@@ -1,6 +1,6 @@
 """The control of a learning claim (``--shuffle_advantages``): in every mode and trainer it trains on a permutation of
-the credit run's advantages; and the credit path's pieces it is measured against (per-group centring, the run's seed
-reaching the rollout, a flag of another mode refused)."""
+the credit run's advantages, centred over the rows trained, so its expected gradient is zero; and the credit path's
+pieces it is measured against (the run's seed reaching the rollout, a flag of another mode refused)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from trl import GRPOTrainer
 
 import recruit_trl.pipeline as pipeline
 from recruit_trl.rollout.config import MODE_FLAGS, RolloutConfig
-from recruit_trl.training.control import ShuffledAdvantages, control_trainer, rl_trainer_class
+from recruit_trl.training.control import CenteredAdvantages, ShuffledAdvantages, control_trainer, rl_trainer_class
 from recruit_trl.training.episode_trainer import EpisodeAdvantages
 from recruit_trl.training.length_batches import LengthSortedBatches
 from recruit_trl.training.reinforce import ReinforceTrainer
@@ -28,16 +28,16 @@ BY_MODE = {
 }
 
 
-def trained_advantages(recipe_name: str, flags: list[str], monkeypatch) -> list[list[float]]:
-    """The advantages each generation batch of a one-step run through the recipe trains on (the outermost class's
-    output, after every mixin)."""
-    seen: list[list[float]] = []
+def trained_batches(recipe_name: str, flags: list[str], monkeypatch) -> list[tuple]:
+    """``(trainer, batch)`` for each generation batch of a one-step run through the recipe: the outermost class's
+    output, after every mixin, which is what the loss trains on."""
+    seen: list[tuple] = []
 
     def recording(*args):
         class Recording(rl_trainer_class(*args)):
             def _generate_and_score_completions(self, inputs):
                 output = super()._generate_and_score_completions(inputs)
-                seen.append(output["advantages"].flatten().tolist())
+                seen.append((self, {k: v.clone() if torch.is_tensor(v) else v for k, v in output.items()}))
                 return output
 
         return Recording
@@ -48,24 +48,39 @@ def trained_advantages(recipe_name: str, flags: list[str], monkeypatch) -> list[
     return seen
 
 
-@pytest.mark.parametrize(
-    ("recipe_name", "mode"),
-    [("grpo_clinical", "branch"), ("grpo_clinical", "window"), ("grpo_clinical", "episode"),
-     ("reinforce_clinical", "branch")],
-)  # fmt: skip
-def test_the_control_trains_on_a_permutation_of_the_credit_runs_advantages(
-    recipe_name, mode, warm_model, tmp_path, monkeypatch
-):
-    flags = ["--model_name_or_path", warm_model, *SMALL, "--mode", mode, *BY_MODE[mode]]
-    credit = trained_advantages(recipe_name, [*flags, "--output_dir", str(tmp_path / "credit")], monkeypatch)
-    control = trained_advantages(
-        recipe_name, [*flags, "--output_dir", str(tmp_path / "control"), "--shuffle_advantages", "true"], monkeypatch
-    )
-    assert len(credit) == len(control) == 1
-    (a,), (b,) = credit, control
-    assert len(a) == 16 and any(abs(v) > 1e-6 for v in a), "the credit run needs advantages to permute"
-    assert sorted(a) == pytest.approx(sorted(b))  # the same values (same seed: the same rollout) ...
-    assert a != pytest.approx(b)  # ... on other rows
+def trained_advantages(recipe_name: str, flags: list[str], monkeypatch) -> list[list[float]]:
+    """The advantages each generation batch of a one-step run through the recipe trains on."""
+    return [batch["advantages"].flatten().tolist() for _, batch in trained_batches(recipe_name, flags, monkeypatch)]
+
+
+def advantage_gradient(trainer, batch: dict, advantages: torch.Tensor) -> torch.Tensor:
+    """The gradient of the trainer's loss on ``batch`` with ``advantages``, less the gradient with zero advantages
+    (what the KL term or anything else not carried by the advantages contributes): on-policy it is linear in them."""
+
+    def gradient(values: torch.Tensor) -> torch.Tensor:
+        trainer.model.zero_grad(set_to_none=True)
+        trainer.compute_loss(trainer.model, {**batch, "advantages": values}).backward()
+        return torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+
+    return gradient(advantages) - gradient(torch.zeros_like(advantages))
+
+
+@pytest.mark.parametrize("mode", ["branch", "window", "episode"])
+def test_the_controls_expected_gradient_is_zero_and_the_credits_is_not(mode, warm_model, tmp_path, monkeypatch):
+    """For the rows one step trains on, the control's gradient averaged over permutations of the advantages is zero to
+    rounding; the credit's gradient is not. Averaging over the n cyclic shifts is exact: each row meets each
+    advantage once, as in the mean over all permutations."""
+    flags = ["--model_name_or_path", warm_model, *SMALL, "--mode", mode, *BY_MODE[mode], "--beta", "0.04",
+             "--output_dir", str(tmp_path), "--shuffle_advantages", "true"]  # fmt: skip
+    ((trainer, batch),) = trained_batches("grpo_clinical", flags, monkeypatch)
+    trainer.model.eval()  # no dropout: every gradient of the same rows is the same function of the advantages
+    advantages = batch["advantages"]
+    assert abs(float(advantages.sum())) < 1e-5 and float(advantages.abs().max()) > 1e-3
+    credit = advantage_gradient(trainer, batch, advantages)
+    shifted = sum(advantage_gradient(trainer, batch, advantages.roll(k)) for k in range(advantages.numel()))
+    control = shifted / advantages.numel()
+    assert float(credit.norm()) > 1e-4
+    assert float(control.norm()) < 1e-4 * float(credit.norm())
 
 
 class FixedAdvantages:
@@ -102,7 +117,8 @@ def test_the_control_is_the_outermost_override_in_every_mode():
             credit = rl_trainer_class(base, mode, False)
             assert issubclass(credit, base) and not issubclass(credit, ShuffledAdvantages)
             assert issubclass(credit, LengthSortedBatches) and issubclass(cls, LengthSortedBatches)
-            assert credit.__bases__ == (LengthSortedBatches, base) or mode == "episode"
+            assert credit.__mro__[1] is CenteredAdvantages and cls.__mro__[3] is CenteredAdvantages
+            assert credit.__mro__[3:5] == (LengthSortedBatches, base) or mode == "episode"
     once = control_trainer(GRPOTrainer)
     assert control_trainer(once) is once
 
@@ -120,8 +136,8 @@ def test_a_flag_of_another_mode_is_refused_with_a_message(name):
 
 def test_the_recipe_refuses_a_flag_of_another_mode_before_any_model_is_built(tmp_path, capsys):
     recipe = load_recipe("grpo_clinical")
-    with pytest.raises(ValueError, match="--center_advantages applies to episode mode only"):
-        recipe.parse_args(["--output_dir", str(tmp_path), "--center_advantages", "true"])
+    with pytest.raises(ValueError, match="--step_horizon applies to episode mode only"):
+        recipe.parse_args(["--output_dir", str(tmp_path), "--step_horizon", "3"])
     assert not any(tmp_path.iterdir())
 
 

@@ -58,13 +58,12 @@ def test_n_step_returns_by_hand():
 def test_step_advantages_compare_identical_states_across_episodes_by_hand():
     returns = [[1.0, 0.5, 0.0], [3.0, 0.25], [2.0, 1.0]]
     keys = [["s0", "a", "a"], ["s0", "b"], ["s0", "c"]]
-    mean = (1.0 + 0.5 + 0.0 + 3.0 + 0.25 + 2.0 + 1.0) / 7
     out = step_advantages(returns, keys)
     # s0 was reached by all three episodes: leave-one-out within that step group.
     assert out[0][0] == 1.0 - (3.0 + 2.0) / 2 and out[1][0] == 3.0 - 1.5 and out[2][0] == 2.0 - 2.0
-    # "a" twice in one episode is no comparison of choices: the group's mean return is the baseline.
-    assert out[0][1] == pytest.approx(0.5 - mean) and out[0][2] == pytest.approx(0.0 - mean)
-    assert out[1][1] == pytest.approx(0.25 - mean) and out[2][1] == pytest.approx(1.0 - mean)
+    # "a" twice in one episode is no comparison of choices: decision t is compared with decision t of the others.
+    assert out[0][1] == pytest.approx(0.5 - (0.25 + 1.0) / 2) and out[0][2] == 0.0  # no other third decision
+    assert out[1][1] == pytest.approx(0.25 - (0.5 + 1.0) / 2) and out[2][1] == pytest.approx(1.0 - (0.5 + 0.25) / 2)
 
 
 def test_a_step_groups_baseline_is_the_other_episodes_visits_only():
@@ -82,10 +81,10 @@ def test_decision_advantages_are_the_weighted_sum_by_hand():
     rewards = [[0.1, 0.2], [0.0, -0.1, 0.3]]
     keys = [["x", "y"], ["x", "z", "w"]]
     adv, stats = decision_advantages(outcomes, rewards, keys, AdvantageWeights(episode=2.0, step=0.5, horizon=1))
-    # Episode level: +1 / -1. Step level (1-step returns): x is shared, 0.1 vs 0.0; y, z, w against the mean.
-    mean = (0.1 + 0.2 + 0.0 - 0.1 + 0.3) / 5
-    assert adv[0] == pytest.approx([2.0 + 0.5 * 0.1, 2.0 + 0.5 * (0.2 - mean)])
-    assert adv[1] == pytest.approx([-2.0 + 0.5 * -0.1, -2.0 + 0.5 * (-0.1 - mean), -2.0 + 0.5 * (0.3 - mean)])
+    # Episode level: +1 / -1. Step level (1-step returns): x is shared, 0.1 vs 0.0; y and z are both second
+    # decisions, compared with each other; w, a third decision no other episode made, carries no step credit.
+    assert adv[0] == pytest.approx([2.0 + 0.5 * 0.1, 2.0 + 0.5 * (0.2 - -0.1)])
+    assert adv[1] == pytest.approx([-2.0 + 0.5 * -0.1, -2.0 + 0.5 * (-0.1 - 0.2), -2.0])
     assert stats == pytest.approx(
         {"zero_variance": 0.0, "matched_share": 2 / 5, "decisions": 5.0, "advantage_mean": sum(sum(adv, [])) / 5}
     )
@@ -93,35 +92,50 @@ def test_decision_advantages_are_the_weighted_sum_by_hand():
     assert only_episode == [[1.0, 1.0], [-1.0, -1.0, -1.0]]
 
 
-def test_centring_subtracts_the_groups_own_mean_decision_advantage_by_hand():
-    outcomes, rewards, keys = [1.0, 0.0], [[0.0, 0.0, 0.0], [0.0]], [["a", "b", "c"], ["d"]]
-    weights = AdvantageWeights(episode=1.0, step=0.0, horizon=1)
-    plain, stats = decision_advantages(outcomes, rewards, keys, weights)
-    assert plain == [[1.0, 1.0, 1.0], [-1.0]] and stats["advantage_mean"] == 0.5  # the longer episode outweighs
-    centred, centred_stats = decision_advantages(outcomes, rewards, keys, weights, center=True)
-    assert centred == [[0.5, 0.5, 0.5], [-1.5]] and centred_stats["advantage_mean"] == 0.5
+def test_a_reward_on_every_decision_is_no_credit_for_the_position():
+    """Three episodes of ten decisions, the same outcome, every decision paid 0.5 and the grade at the end, no state
+    shared after the start: the old baseline (every decision's mean return) turned the returns cut at the end into
+    a credit running down with the position; decisions at the same position carry none."""
+    rewards = [[0.5] * 9 + [0.5 + 0.6] for _ in range(3)]
+    keys = [["start"] + [f"e{i}d{t}" for t in range(1, 10)] for i in range(3)]
+    adv, _ = decision_advantages([sum(r) for r in rewards], rewards, keys, AdvantageWeights(horizon=5))
+    assert all(a == pytest.approx([0.0] * 10, abs=1e-12) for a in adv)
 
 
-def test_the_rollout_centres_each_group_on_its_own(tokenizer, monkeypatch):
-    """Two starts of a call, every decision returned: centred, each group's decisions sum to zero on their own."""
-    texts = ['{"action_index": 0}', '{"action_index": 1}', '{"action_index": 2}']
-    rollout, _, episodes, _ = play(tokenizer, monkeypatch, texts, episode_decisions=6, center_advantages=True)
-    decisions = sum(len(e["rows"]) for e in episodes)
-    anchors = [Anchor("duel", 5, 0, "teacher"), Anchor("duel", 6, 0, "teacher")]
-    first_prompts = {}
-    monkeypatch.setattr(rollout_mod, "sample", ScriptedSampler(tokenizer, texts))
-    out = rollout([anchors[0].key()] * 4 + [anchors[1].key()] * (decisions - 4), None, model=object(),
-                  tokenizer=tokenizer, step=0)  # fmt: skip
-    # The rows are every decision once (as many prompts as decisions), in another order; group by the episode
-    # rows they came from.
-    for g, group in enumerate((episodes[:4], episodes[4:])):
-        for e in group:
-            for row in e["rows"]:
-                first_prompts[tuple(row["prompt_ids"]), tuple(row["completion_ids"])] = g
-    totals = [0.0, 0.0]
-    for prompt, completion, advantage in zip(out["prompt_ids"], out["completion_ids"], out["advantage"], strict=True):
-        totals[first_prompts[tuple(prompt), tuple(completion)]] += advantage
-    assert totals == pytest.approx([0.0, 0.0], abs=1e-9)
+def position_trend(advantages: list[list[float]]) -> float:
+    """The least-squares slope of advantage against decision index, pooled over the episodes."""
+    points = [(t, a) for episode in advantages for t, a in enumerate(episode)]
+    mean_t = sum(t for t, _ in points) / len(points)
+    mean_a = sum(a for _, a in points) / len(points)
+    return sum((t - mean_t) * (a - mean_a) for t, a in points) / sum((t - mean_t) ** 2 for t, _ in points)
+
+
+@pytest.mark.parametrize(
+    ("env_name", "task", "decisions"), [("clinical", "medium_bench", 10), ("conquest", "duel", 8)]
+)
+def test_real_episodes_step_advantages_have_no_trend_with_position(env_name, task, decisions, monkeypatch):
+    """Real multi-decision episodes with the plugin's default rewards (the final grade, the format penalty): four
+    episodes from one start, each playing its own valid answer, the continuation policy finishing them. Every reward
+    of a decision's n-step return is the episode's end, so within an episode every decision has the same return and
+    the same advantage: nothing varies with the position (the old baseline gave a slope of about -0.5 a decision)."""
+    interface = get_env_interface(env_name)
+    rows = collect_traces(interface, [task], range(1), epsilon=0.3, relabel=False, max_days=20)
+    texts = [m["content"] for r in rows for m in r["messages"]] + [r["completion"] for r in rows]
+    answers = [f'{{"action_index": {k}}}' for k in range(4)]
+    tokenizer = build_tokenizer(texts + answers, vocab_size=1024)
+    monkeypatch.setattr(rollout_mod, "sample", ScriptedSampler(tokenizer, answers))
+    config = RolloutConfig(env_name=env_name, mode="episode", episode_decisions=decisions, step_horizon=15)
+    rollout = EpisodeRollout(config, interface)
+    episodes = rollout.play(None, object(), tokenizer, None, [Anchor(task, 3, 0, "fallback")], 4, 0)
+    assert all(len(e["rows"]) == decisions and all(r["valid"] == 1.0 for r in e["rows"]) for e in episodes)
+    outcomes = [e["outcome"] for e in episodes]
+    assert len(set(episode["keys"][1] for episode in episodes)) == 4  # the answers lead to different states
+    advantages, _ = decision_advantages(
+        outcomes, [e["step_rewards"] for e in episodes], [e["keys"] for e in episodes], AdvantageWeights(horizon=15)
+    )
+    for episode, i in zip(advantages, range(4), strict=True):
+        assert episode == pytest.approx([2 * (outcomes[i] - (sum(outcomes) - outcomes[i]) / 3)] * decisions)
+    assert abs(position_trend(advantages)) < 1e-9
 
 
 def test_conquest_offers_a_potential_and_state_keys():
@@ -325,7 +339,7 @@ def test_episode_mode_advantages_follow_the_reward_weights_by_hand(toy_tokenizer
         assert row["env_return"] == row["progress"] and row["potential_change"] == pytest.approx(row["progress"] / 3)
 
     def step_reward(row, w):
-        return (w[0] * row["valid"] + w[1] * (row["action_shaping"] or 0.0) + w[2] * row["final_score"]
+        return (w[0] * (row["valid"] - 1.0) + w[1] * (row["action_shaping"] or 0.0) + w[2] * row["final_score"]
                 + w[3] * row["potential_change"] + w[4] * row["env_return"] + w[5] * row["progress"])  # fmt: skip
 
     def by_hand(weights):

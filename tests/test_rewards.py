@@ -44,8 +44,8 @@ def test_each_component_reads_its_field():
     assert screening_reward(COMPLETIONS, **kw) == [1.0, 0.0, 3.0]
     assert dropout_penalty(COMPLETIONS, **kw) == [-0.0, -2.0, -1.0]
     assert milestone_reward(COMPLETIONS, **kw) == [0.02, 0.0, 0.05]
-    assert hypothesis_reward(COMPLETIONS, **kw) == [1.0, 0.0, 0.5]
-    assert format_reward(COMPLETIONS, **kw) == [1.0, 0.0, 0.5]
+    assert hypothesis_reward(COMPLETIONS, **kw) == [9.0, 0.0, 4.5]  # summed over the steps, as every component
+    assert format_reward(COMPLETIONS, **kw) == [0.0, -1.0, -0.5]  # a penalty on what did not parse
     assert action_shaping_reward(COMPLETIONS, **kw) == [0.2, None, -0.1]
     assert final_score_reward(COMPLETIONS, **kw) == [None, 0.61, None]
     assert teacher_match_reward(COMPLETIONS, **kw) == [1.0, 0.0, 0.5]
@@ -125,13 +125,14 @@ def test_potential_reward_reads_the_change_of_the_potential_by_hand():
 
 
 def test_weighted_rewards_sum_as_trl_does_by_hand():
-    """sum_i w_i f_i(row), a None counting 0 (TRL's nansum), and each function's own values beside it."""
+    """sum_i w_i f_i(row) over the functions that scored the row (TRL's nansum), None for a row that none scored
+    (TRL's unscorable row), and each function's own values beside it."""
     kw = {**FIELDS, "potential_change": [0.5, None, -0.25]}
-    funcs = get_reward_funcs(["final_score_reward", "format_reward", "potential_reward", "action_shaping_reward"])
-    totals, parts = weighted_rewards(funcs, [1.0, 0.5, 2.0, -1.0], kw, COMPLETIONS)
-    assert totals == pytest.approx([0.5 + 1.0 - 0.2, 0.61, 0.25 - 0.5 + 0.1])
+    funcs = get_reward_funcs(["final_score_reward", "potential_reward", "action_shaping_reward"])
+    totals, parts = weighted_rewards(funcs, [1.0, 2.0, -1.0], kw, COMPLETIONS)
+    assert totals == pytest.approx([1.0 - 0.2, 0.61, -0.5 + 0.1])
     assert parts["potential_reward"] == [0.5, None, -0.25] and parts["final_score_reward"] == [None, 0.61, None]
-    assert weighted_rewards(funcs[:1], None, kw, COMPLETIONS)[0] == [0.0, 0.61, 0.0]  # no weights: 1 each
+    assert weighted_rewards(funcs[:1], None, kw, COMPLETIONS)[0] == [None, 0.61, None]  # no weights: 1 each
     with pytest.raises(ValueError, match="one weight per reward function"):
         weighted_rewards(funcs, [1.0], kw, COMPLETIONS)
 

@@ -116,7 +116,8 @@ BRANCH_AT_953F02C = {
 @pytest.mark.parametrize("env_name", list(BRANCH_AT_953F02C))
 def test_branch_mode_with_the_default_rewards_scores_as_before(tokenizer, monkeypatch, env_name):
     """Branch mode's meaning did not move: the same rows and, under the default flags (final score 1.0, format
-    0.5), the same rewards as at commit 953f02c, to the digit."""
+    0.5), the same rewards as at commit 953f02c, to the digit, less 0.5 on every row: the format reward became a
+    penalty (-1 for what does not parse, 0 otherwise, where it paid 1 and 0), which no group advantage sees."""
     anchors, texts, config, fields, rewards_then = BRANCH_AT_953F02C[env_name]
     monkeypatch.setattr(rollout_mod, "sample", ScriptedSampler(tokenizer, texts))
     rollout = BranchRollout(RolloutConfig(env_name=env_name, **config))
@@ -124,7 +125,7 @@ def test_branch_mode_with_the_default_rewards_scores_as_before(tokenizer, monkey
     for name, values in fields.items():
         assert out[name] == pytest.approx(values), name
     totals, _ = weighted_rewards(get_reward_funcs(DEFAULT_REWARDS), DEFAULT_REWARD_WEIGHTS, out, out["completion_ids"])
-    assert totals == pytest.approx(rewards_then)
+    assert totals == pytest.approx([r - 0.5 for r in rewards_then])
     assert (DEFAULT_REWARDS, DEFAULT_REWARD_WEIGHTS) == (("final_score_reward", "format_reward"), (1.0, 0.5))
 
 

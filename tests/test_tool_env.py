@@ -165,14 +165,14 @@ def test_get_reward_is_the_weighted_sum_of_the_reward_functions_over_the_step_ro
         ended = env.done
         win = float(conquest.final_score(info) == 1.0) if ended else 0.0
         comps = info["reward_components"]
-        by_hand += (2.0 * (conquest.potential(env.obs) - conquest.potential(before)) + 0.5 * float(listed)
+        by_hand += (2.0 * (conquest.potential(env.obs) - conquest.potential(before)) + 0.5 * (float(listed) - 1.0)
                     + 3.0 * win - comps["territory"] + 0.25 * comps["outcome"])  # fmt: skip
         before = env.obs
     assert env.decisions > 4 and env.invalid_calls > 0 and env.final_score is not None
     assert env.get_reward() == pytest.approx(by_hand)
     assert [row["final_score"] for row in env.step_rows].count(None) == env.decisions - 1
     parts = env.reward_parts
-    assert parts["format_reward"] == env.decisions - env.invalid_calls
+    assert parts["format_reward"] == -env.invalid_calls
     assert sum(w * parts[n] for n, w in zip(names, weights, strict=True)) == pytest.approx(by_hand)
     # The weight-0 functions that log each part, as TRL calls them with the rollouts' environments.
     logged = {f.__name__: f(environments=[env, object()], prompts=[]) for f in reward_part_funcs(cls)}

@@ -10,10 +10,15 @@ function of the group:
 * **episode level** (:func:`leave_one_out`): every decision of episode i gets ``O_i - mean_{j != i} O_j``, the
   outcome ``O`` against the other episodes of the group;
 * **step level** (:func:`step_advantages`): the n-step return of a decision (:func:`n_step_returns`: the sum of
-  the next n step rewards) against a baseline. Decisions taken at identical states across the group (the same state
-  key; GiGPO's step groups) are compared with those of the other episodes; a decision whose state no other episode
-  reached is compared with the mean return of the group's decisions;
-* their weighted sum (:func:`decision_advantages`), optionally centred over the group's decisions.
+  the next n step rewards) against like decisions only. Decisions taken at identical states across the group (the
+  same state key; GiGPO's step groups) are compared with those of the other episodes; a decision whose state no other
+  episode reached is compared with the decisions at the same position (decision index) in the other episodes, and
+  one that no other episode reached the position of carries no step credit. Never with the mean over every position:
+  returns cut at the episode's end, or a reward paid on every decision, would make that a credit for the position;
+* their weighted sum (:func:`decision_advantages`).
+
+The trainer centres the advantages over the rows it actually trains (:class:`recruit_trl.training.control.
+CenteredAdvantages`), in both arms of a learning check, which makes the control an exact null.
 """
 
 from __future__ import annotations
@@ -49,11 +54,10 @@ def step_advantages(returns: Sequence[Sequence[float]], keys: Sequence[Sequence[
 
     A state key reached by two or more episodes makes a step group: each of its decisions gets its return minus the
     mean return of the step group's decisions in *other* episodes (an episode's own revisits of the state are no
-    comparison of choices, so they never enter its baseline). Every other decision gets its return minus the mean
-    return of all the group's decisions.
+    comparison of choices, so they never enter its baseline). Every other decision t of episode i gets its return
+    minus the mean return of decision t of the other episodes that reached it (the same position, from the same start
+    with the same dice), or 0 when no other episode made a t-th decision.
     """
-    flat = [r for episode in returns for r in episode]
-    mean = sum(flat) / len(flat) if flat else 0.0
     members: dict[Hashable, list[tuple[int, int]]] = {}
     for i, episode in enumerate(keys):
         for t, key in enumerate(episode):
@@ -65,7 +69,8 @@ def step_advantages(returns: Sequence[Sequence[float]], keys: Sequence[Sequence[
             by_episode.setdefault(i, []).append(returns[i][t])
         if len(by_episode) < 2:
             for i, t in positions:
-                out[i][t] = returns[i][t] - mean
+                others = [episode[t] for j, episode in enumerate(returns) if j != i and t < len(episode)]
+                out[i][t] = returns[i][t] - sum(others) / len(others) if others else 0.0
             continue
         total, count = sum(returns[i][t] for i, t in positions), len(positions)
         for i, t in positions:
@@ -89,7 +94,6 @@ def decision_advantages(
     step_rewards: Sequence[Sequence[float]],
     keys: Sequence[Sequence[Hashable]],
     weights: AdvantageWeights,
-    center: bool = False,
 ) -> tuple[list[list[float]], dict[str, float]]:
     """The advantage of every decision of a group, and what went into them.
 
@@ -98,13 +102,12 @@ def decision_advantages(
         step_rewards: per episode, each decision's step reward.
         keys: per episode, each decision's state key.
         weights: the weights of the two levels and the step level's horizon.
-        center: subtract the mean advantage of the group's decisions from each (longer episodes carry more decisions,
-            so the weighted sum need not average to zero over decisions).
 
     Returns:
         ``(advantages, stats)``: per episode, one advantage per decision; ``stats`` holds ``zero_variance`` (1.0 when
         every outcome is the same), ``matched_share`` (the share of decisions in a step group of two or more
-        episodes), ``decisions`` and ``advantage_mean`` (the decisions' mean advantage before any centring).
+        episodes), ``decisions`` and ``advantage_mean`` (the decisions' mean advantage: longer episodes carry more
+        decisions, so it need not be zero; the trainer centres the rows it trains).
     """
     episode_level = leave_one_out(outcomes)
     returns = [n_step_returns(rewards, weights.horizon) for rewards in step_rewards]
@@ -114,8 +117,6 @@ def decision_advantages(
     ]
     decisions = sum(len(episode) for episode in keys)
     advantage_mean = sum(a for episode in advantages for a in episode) / decisions if decisions else 0.0
-    if center:
-        advantages = [[a - advantage_mean for a in episode] for episode in advantages]
     owners: dict[Hashable, set[int]] = {}
     for i, episode in enumerate(keys):
         for key in episode:

@@ -27,7 +27,6 @@ MODE_FLAGS = {
     "episode_weight": ("episode",),
     "step_weight": ("episode",),
     "step_horizon": ("episode",),
-    "center_advantages": ("episode",),
 }
 # Per-row fields every rollout returns besides the environment's reward components.
 ROW_FIELDS = (
@@ -145,12 +144,6 @@ class RolloutConfig(PromptConfig):
     step_horizon: int = field(
         default=15, metadata={"help": "Episode mode: decisions in the step level's n-step return (0: to the end)."}
     )
-    center_advantages: bool = field(
-        default=False,
-        metadata={"help": "Episode mode: subtract the mean advantage of a group's decisions from each, so the update "
-                  "does not raise the likelihood of the policy's own samples on average (longer episodes carry more "
-                  "decisions, so per-decision advantages need not average to zero)."},
-    )  # fmt: skip
     constrained_decoding: bool = field(
         default=False,
         metadata={"help": "Sample only answers that take a listed candidate (masked tokens are never drawn), so "

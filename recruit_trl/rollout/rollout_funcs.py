@@ -63,7 +63,15 @@ from recruit_trl.rollout.anchors import Anchor, AnchorCache, AnchorState, anchor
 from recruit_trl.rollout.config import ROW_FIELDS, RolloutConfig
 from recruit_trl.rollout.continuation import Branch, Scorer, add_components, day_seed, group_seed, last
 from recruit_trl.traces import same_action
-from rewards import DEFAULT_REWARD_WEIGHTS, DEFAULT_REWARDS, RewardFunc, get_reward_funcs, weighted_rewards
+from rewards import (
+    DEFAULT_REWARD_WEIGHTS,
+    DEFAULT_REWARDS,
+    SUM_THEN_NORMALIZE,
+    RewardFunc,
+    call_reward_funcs,
+    get_reward_funcs,
+    unscorable_as_zero,
+)
 
 
 class _RolloutBase:
@@ -562,12 +570,13 @@ class EpisodeRollout(_RolloutBase):
 
     Every decision has a *step row*: the reward functions' fields of its own step (the environment's reward components,
     ``valid``, ``action_shaping``, ``potential_change``; ``final_score`` only on the episode's last decision, ``None``
-    elsewhere). A continuation's steps are the last policy decision's: their components, the potential's change and
-    the episode's final score go on its row, as branch mode credits a branch with its continuation. The decision's
-    step reward is the weighted sum of the reward functions on its row (:func:`rewards.weighted_rewards`, the same
-    functions and weights TRL sums in branch mode: the trainer's, else ``reward_funcs`` and ``reward_weights`` given
-    here, else the plugin's defaults), and the episode's outcome is the sum of its step rewards. Every decision gets
-    an advantage from them (:func:`recruit_trl.rollout.advantages.decision_advantages`: the outcome against its
+    elsewhere). A continuation's steps are the last policy decision's: their components, the potential's change and the
+    episode's final score go on its row, as branch mode credits a branch with its continuation. The decision's step
+    reward is the weighted sum of the reward functions on its row (:func:`rewards.call_reward_funcs`: called with TRL's
+    arguments and summed as TRL sums them in branch mode, with the same functions and weights: the trainer's, else
+    ``reward_funcs`` and ``reward_weights`` given here, else the plugin's defaults; a row that no function scores
+    counts 0, ``episode/unscorable_steps``), and the episode's outcome is the sum of its step rewards. Every decision
+    gets an advantage from them (:func:`recruit_trl.rollout.advantages.decision_advantages`: the outcome against its
     group's other episodes, and the n-step return of the step rewards against decisions at the same state); the call
     returns as many rows as it got prompts, drawn at random from all the decisions (a decision's prompt and answer as
     one row: environment text is prompt, never completion), with the advantage in the ``advantage`` field for
@@ -610,12 +619,11 @@ class EpisodeRollout(_RolloutBase):
         episodes = self.play(trainer, model, tokenizer, generation_config, groups, size, step)
         weights = AdvantageWeights(self.config.episode_weight, self.config.step_weight, self.config.step_horizon)
         decisions, group_stats = [], []
-        for g in range(len(groups)):  # centred per group (center_advantages): an easier start is no credit
+        for g in range(len(groups)):
             group = episodes[g * size : (g + 1) * size]
             advantages, stats = decision_advantages(
-                [e["outcome"] for e in group], [e["step_rewards"] for e in group], [e["keys"] for e in group], weights,
-                center=self.config.center_advantages,
-            )  # fmt: skip
+                [e["outcome"] for e in group], [e["step_rewards"] for e in group], [e["keys"] for e in group], weights
+            )
             group_stats.append(stats)
             for episode, episode_advantages in zip(group, advantages, strict=True):
                 for row, advantage in zip(episode["rows"], episode_advantages, strict=True):
@@ -734,8 +742,25 @@ class EpisodeRollout(_RolloutBase):
             for row in e["rows"]:
                 row["rates"] = e["rates"]  # where the decision's game ends (rollout/<rate>_rate)
         rows = [row for e in episodes for row in e["rows"]]
+        # The functions get TRL's arguments as TRL passes them for a branch row of the same start: its anchor key
+        # (anchor_dataset's prompt) and the dataset's other columns, the decision's answer and ids, the trainer state.
+        starts = [groups[j // size] for j, e in enumerate(episodes) for _ in e["rows"]]
+        columns = {name: [getattr(a, name) for a in starts] for name in ("task", "seed", "day", "policy")}
         funcs, weights = self.rewards(trainer)
-        step_rewards, _ = weighted_rewards(funcs, weights, self._extra_fields(rows), [r["text"] for r in rows])
+        totals, _ = call_reward_funcs(
+            funcs,
+            weights,
+            prompts=[a.key() for a in starts],
+            completions=[r["text"] for r in rows],
+            completion_ids=[r["completion_ids"] for r in rows],
+            fields={**columns, **self._extra_fields(rows)},
+            trainer_state=getattr(trainer, "state", None),
+            log_metric=getattr(trainer, "_log_metric", None),  # not log_extra: TRL's table holds the drawn rows only
+            aggregation=getattr(trainer, "multi_objective_aggregation", SUM_THEN_NORMALIZE),
+        )
+        step_rewards, unscorable = unscorable_as_zero(totals, "episode mode's step rewards")
+        if getattr(trainer, "_log_metric", None) is not None:
+            trainer._log_metric("episode/unscorable_steps", unscorable / max(1, len(rows)))
         k = 0
         for e in episodes:
             e["step_rewards"] = step_rewards[k : k + len(e["rows"])]
@@ -748,7 +773,7 @@ class EpisodeRollout(_RolloutBase):
     ) -> None:
         """The policy's own play over the call's episodes, and the advantages' make-up (``episode/...``;
         ``episode/outcome`` is the episodes' mean outcome, the sum of their step rewards; ``episode/advantage_mean``
-        is the decisions' mean advantage before any centering)."""
+        is the decisions' mean advantage, before the trainer centres the rows it trains)."""
         log = getattr(trainer, "_log_metric", None)
         if log is None or not episodes:
             return

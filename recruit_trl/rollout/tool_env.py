@@ -18,12 +18,21 @@ finds (``clinical``, ``conquest``, an entry point, ``package.module:attribute``)
   (:func:`recruit_trl.contracts.parse_action`), and the reply says so; training never stops on it.
 * ``get_reward()``: the reward functions' weighted sum over the rollout, ``sum_i w_i sum_d f_i(step row d)``, with
   the same functions and weights as every other mode (``reward_funcs`` and ``reward_weights`` of
-  :func:`environment_factory`; the recipe's ``--reward_funcs`` and ``--reward_weights``). Each call of ``act`` that
-  played a step adds a step row, the fields episode mode gives a decision (the environment's reward components,
-  ``valid``, ``action_shaping``, ``potential_change``, and ``final_score`` on the step that ended the episode,
-  ``None`` elsewhere); a rollout the tool loop cut has no final score. ``cut_by`` on the instance says why a rollout
-  stopped before the episode's end; the weight-0 reward functions :data:`METRIC_FUNCS` log it every step, and
-  :func:`reward_part_funcs` each function's unweighted sum (``rewards/<name>/mean``, as in the other modes).
+  :func:`environment_factory`; the recipe's ``--reward_funcs`` and ``--reward_weights``), called and summed as TRL
+  calls and sums them (:func:`rewards.call_reward_funcs`): the sum of the step rewards, as episode mode's outcome.
+  Each call of ``act`` that played a step adds a step row, the fields episode mode gives a decision (the environment's
+  reward components, ``valid``, ``action_shaping``, ``potential_change``, and ``final_score`` on the step that ended
+  the episode, ``None`` elsewhere); a rollout the tool loop cut has no final score. ``cut_by`` on the instance says
+  why a rollout stopped before the episode's end; the weight-0 reward functions :data:`METRIC_FUNCS` log it every
+  step, and :func:`reward_part_funcs` each function's unweighted sum (``rewards/<name>/mean``, as in the other modes).
+
+TRL calls ``get_reward()`` without arguments, after every function of ``reward_funcs``. The functions of
+:func:`reward_part_funcs` (which the recipe passes) hand each rollout's environment TRL's keyword arguments for its row
+first, so the reward functions on its step rows get TRL's ``prompts`` (the dataset's prompt with ``reset``'s text
+appended), ``completion_ids`` (the rollout's: TRL never says which tokens made which call), ``trainer_state``,
+``log_metric`` and the dataset's columns; ``completions`` are the steps' own calls (``{"action_index": k}``). Without
+them (``get_reward`` called directly) the environment passes what it knows: the same prompt and columns from
+``reset``'s row, no ``completion_ids`` (``None``) and no trainer.
 
 Bad model output at the other layers is TRL's to handle and never raises either: text that holds no parsable tool
 call ends the loop (the episode is then cut, ``cut_by="no_tool_call"``), and a call TRL cannot bind (an unknown tool,
@@ -42,6 +51,7 @@ instructions in the system prompt: ``instructions=recruit_trl.contracts.INDEX_IN
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -50,7 +60,17 @@ from typing import Any, ClassVar
 from recruit_trl.contracts import ParsedAction, build_messages, digest, parse_action
 from recruit_trl.protocol import Action, EnvInterface, Observation, get_env_interface
 from recruit_trl.rollout.config import ROW_FIELDS, check_mode_rewards
-from rewards import DEFAULT_REWARD_WEIGHTS, DEFAULT_REWARDS, RewardFunc, get_reward_funcs, weighted_rewards
+from rewards import (
+    DEFAULT_REWARD_WEIGHTS,
+    DEFAULT_REWARDS,
+    SUM_THEN_NORMALIZE,
+    TRL_ARGUMENTS,
+    RewardFunc,
+    call_reward_funcs,
+    check_row_aggregation,
+    get_reward_funcs,
+    unscorable_as_zero,
+)
 
 TOOL_NAME = "act"
 #: Appended to the environment's system prompt (the ``index`` contract's instructions, as a tool call).
@@ -72,6 +92,7 @@ class ToolEnvironment:
         system_prompt: the environment's system prompt with :data:`TOOL_INSTRUCTIONS` (class attribute).
         reward_funcs, reward_weights: the reward functions and their weights that :meth:`get_reward` sums (class
             attributes).
+        aggregation: the trainer's ``multi_objective_aggregation`` (class attribute; only ``"sum_then_normalize"``).
         task, seed: the episode's task and reset seed.
         obs, candidates: the current observation and its candidate actions.
         done: the episode has ended.
@@ -83,6 +104,7 @@ class ToolEnvironment:
         running_return: the sum of the environment's step rewards so far.
         final_score: the environment's final score once the episode ended, else ``None``.
         step_rows: one dict per step played, the reward functions' fields of that step.
+        unscorable_steps: step rows that no reward function scored (every one returned ``None``): they count 0.
         cut_by: why a cut episode stopped: ``"tool_call_budget"``, or ``"no_tool_call"`` (the completion ended
             without a further call: the model answered in text, or the token budget or the context was reached);
             ``None`` when the episode ended.
@@ -95,6 +117,7 @@ class ToolEnvironment:
     system_prompt: ClassVar[str] = ""
     reward_funcs: ClassVar[tuple[RewardFunc, ...]] = ()
     reward_weights: ClassVar[tuple[float, ...]] = ()
+    aggregation: ClassVar[str] = SUM_THEN_NORMALIZE
 
     def __init__(self) -> None:
         self._envs: dict[str, Any] = {}  # task -> environment, kept across resets
@@ -110,8 +133,13 @@ class ToolEnvironment:
         self.final_score: float | None = None
         self.cut_by: str | None = None
         self.step_rows: list[dict[str, Any]] = []
+        self.unscorable_steps = 0
         self._recent: list[str] = []
         self._last_info: dict = {}
+        # TRL's reward-function keyword arguments for this rollout's row, values of the row (see _trl_row).
+        self._row: dict[str, Any] = {}
+        self._row_from_trl = False
+        self._score: tuple[float, dict[str, float]] | None = None  # get_reward's, until a step or a new row
 
     def reset(self, task: str | None = None, seed: int | str | None = None, **row: Any) -> str:
         """Start an episode of ``task`` (default: :attr:`default_task`, else the environment's first task) from reset
@@ -133,8 +161,15 @@ class ToolEnvironment:
         self.running_return = 0.0
         self.final_score = self.cut_by = None
         self.step_rows = []
+        self.unscorable_steps = 0
         self._recent = []
-        return self._state_text()
+        text = self._state_text()
+        # What TRL will pass the reward functions for this row, as far as reset's arguments tell (the dataset's row).
+        self._row = {name: value for name, value in (("task", task), ("seed", seed)) if value is not None}
+        self._row.update({name: value for name, value in row.items() if name != "prompt"})
+        self._row["prompts"] = trl_prompt(row.get("prompt"), text)
+        self._row_from_trl, self._score = False, None
+        return text
 
     def act(self, action_index: int) -> str:
         """Take one of the listed actions.
@@ -180,6 +215,7 @@ class ToolEnvironment:
         del self._recent[: max(0, len(self._recent) - self.recent_k)]  # the digest shows the last recent_k
         self.decisions += 1
         self.running_return += float(reward)
+        self._score = None
         self.obs, self._last_info = obs, info
         if terminated or truncated:
             self.done = True
@@ -190,8 +226,9 @@ class ToolEnvironment:
         return note + self._state_text()
 
     def get_reward(self) -> float:
-        """The reward functions' weighted sum over the rollout's step rows (0.0 before any step); a rollout the tool
-        loop cut before the episode's end says why in :attr:`cut_by`."""
+        """The reward functions' weighted sum over the rollout's step rows, a step that none scored counting 0 (0.0
+        before any step: the rollout did nothing); a rollout the tool loop cut before the episode's end says why in
+        :attr:`cut_by`."""
         if self.done:
             self.cut_by = None
         else:
@@ -205,13 +242,45 @@ class ToolEnvironment:
         return self._scored()[1]
 
     def _scored(self) -> tuple[float, dict[str, float]]:
+        """``(get_reward, reward_parts)``: the reward functions called once on the step rows, then kept until the next
+        step or TRL's row arrives (so a function's ``log_metric`` logs once per rollout)."""
+        if self._score is None:
+            self._score = self._score_steps()
+        return self._score
+
+    def _score_steps(self) -> tuple[float, dict[str, float]]:
         rows = self.step_rows
         if not rows:
             return 0.0, {getattr(f, "__name__", str(f)): 0.0 for f in self.reward_funcs}
-        fields = {name: [row[name] for row in rows] for name in (*self.interface.reward_fields, *ROW_FIELDS)}
-        totals, parts = weighted_rewards(self.reward_funcs, self.reward_weights, fields, [r["text"] for r in rows])
-        sums = {name: sum((v for v in values if v is not None), 0.0) for name, values in parts.items()}
-        return float(sum(totals)), sums
+        n = len(rows)
+        # Every step row carries the rollout's row: TRL's arguments (or reset's) and the dataset's columns, which the
+        # step's own fields override (as TRL merges a rollout's fields over the columns).
+        fields = {name: [value] * n for name, value in self._row.items() if name not in TRL_ARGUMENTS}
+        fields.update({name: [row[name] for row in rows] for name in (*self.interface.reward_fields, *ROW_FIELDS)})
+        totals, parts = call_reward_funcs(
+            self.reward_funcs,
+            self.reward_weights,
+            prompts=[self._row.get("prompts")] * n,
+            completions=[row["text"] for row in rows],
+            completion_ids=[self._row.get("completion_ids")] * n,
+            fields=fields,
+            trainer_state=self._row.get("trainer_state"),
+            log_metric=self._row.get("log_metric"),  # not log_extra: TRL's completions table has a row per rollout
+            environments=[self] * n,
+            aggregation=self.aggregation,
+        )
+        steps, self.unscorable_steps = unscorable_as_zero(totals, f"{type(self).__name__}.get_reward")
+        sums = {
+            name: sum((float(v) for v in values if v is not None and not math.isnan(float(v))), 0.0)
+            for name, values in parts.items()
+        }
+        return float(sum(steps)), sums
+
+    def _trl_row(self, row: dict[str, Any]) -> None:
+        """Take TRL's reward-function keyword arguments for this rollout's row (the row's values, the trainer's
+        state and loggers), the first time they arrive in an episode."""
+        if not self._row_from_trl:
+            self._row, self._row_from_trl, self._score = dict(row), True, None
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -228,6 +297,7 @@ class ToolEnvironment:
             "running_return": self.running_return,
             "final_score": self.final_score,
             "reward_parts": self.reward_parts,
+            "unscorable_steps": self.unscorable_steps,
             "cut_by": self.cut_by,
         }
 
@@ -252,6 +322,7 @@ def environment_factory(
     interface: EnvInterface | None = None,
     reward_funcs: Sequence[str | RewardFunc] | None = None,
     reward_weights: Sequence[float] | None = None,
+    aggregation: str = SUM_THEN_NORMALIZE,
 ) -> type[ToolEnvironment]:
     """A class for ``GRPOTrainer(environment_factory=...)`` that plays environment ``name`` through one tool.
 
@@ -269,11 +340,13 @@ def environment_factory(
             ``package.module:function`` or functions (default ``rewards.DEFAULT_REWARDS``).
         reward_weights: one weight per reward function (default: ``rewards.DEFAULT_REWARD_WEIGHTS`` with the default
             functions, else 1 each).
+        aggregation: the trainer's ``multi_objective_aggregation``: ``get_reward`` sums one rollout's rewards on
+            their own, so ``"normalize_then_sum"`` is refused (:func:`rewards.check_row_aggregation`).
 
     Raises:
         ValueError: an unknown environment or reward function, a reward function that cannot apply in the tool loop
-            (``teacher_match_reward``; ``potential_reward`` for an environment without a potential), or not one
-            weight per function.
+            (``teacher_match_reward``; ``potential_reward`` for an environment without a potential), not one
+            weight per function, or an aggregation other than ``"sum_then_normalize"``.
 
     Returns:
         A :class:`ToolEnvironment` subclass named after the environment (TRL logs ``get_reward`` under the class
@@ -296,6 +369,7 @@ def environment_factory(
     weights = tuple(float(w) for w in reward_weights) if reward_weights is not None else (1.0,) * len(funcs)
     if len(weights) != len(funcs):
         raise ValueError(f"--reward_weights {list(weights)} must give one weight per --reward_funcs {names}")
+    check_row_aggregation(aggregation)
     words = re.findall(r"[A-Za-z0-9]+", str(interface.name)) or ["Env"]
     class_name = "".join(w[:1].upper() + w[1:] for w in words) + "ToolEnv"
     attrs = {
@@ -306,6 +380,7 @@ def environment_factory(
         "system_prompt": f"{interface.system_prompt}\n{TOOL_INSTRUCTIONS if instructions is None else instructions}",
         "reward_funcs": funcs,
         "reward_weights": weights,
+        "aggregation": aggregation,
         "__module__": __name__,
         "__doc__": f"TRL environment_factory class of {interface.name!r} (see {__name__}.ToolEnvironment).",
     }
@@ -348,16 +423,46 @@ METRIC_FUNCS = (episode_ended, decisions, invalid_calls)
 
 def reward_part_funcs(factory: type[ToolEnvironment]) -> list:
     """Weight-0 reward functions, one per reward function of ``factory`` and named after it, that log its unweighted
-    sum over each rollout's step rows: TRL's ``rewards/<name>/mean``, as the other modes log it."""
+    sum over each rollout's step rows: TRL's ``rewards/<name>/mean``, as the other modes log it.
+
+    Called as TRL calls them (one prompt per environment), they first hand each environment TRL's keyword arguments
+    for its row, which its reward functions then get (TRL calls ``get_reward`` after them, without arguments)."""
 
     def part(name: str):
         def read(environments: Sequence[Any] | None = None, **kwargs: Any) -> list[float | None]:
-            return [e.reward_parts.get(name) if isinstance(e, factory) else None for e in environments or []]
+            environments = list(environments or [])
+            hand_trl_rows(environments, kwargs)
+            return [e.reward_parts.get(name) if isinstance(e, factory) else None for e in environments]
 
         read.__name__ = read.__qualname__ = name
         return read
 
     return [part(getattr(f, "__name__", str(f))) for f in factory.reward_funcs]
+
+
+def hand_trl_rows(environments: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """Give each :class:`ToolEnvironment` of ``environments`` its row of TRL's reward-function keyword arguments
+    ``kwargs``: each per-row list's value for it (``prompts``, ``completions``, ``completion_ids``, the dataset's
+    columns), and the trainer's ``trainer_state``, ``log_extra`` and ``log_metric``. Nothing is handed when
+    ``kwargs`` is not TRL's call for these environments (not one prompt per environment)."""
+    prompts = kwargs.get("prompts")
+    if prompts is None or len(prompts) != len(environments):
+        return
+    shared = ("trainer_state", "log_extra", "log_metric")
+    for i, env in enumerate(environments):
+        if isinstance(env, ToolEnvironment):
+            env._trl_row({name: value if name in shared else value[i] for name, value in kwargs.items()})
+
+
+def trl_prompt(prompt: Any, text: str) -> Any:
+    """The prompt TRL passes the reward functions for a rollout of ``environment_factory``: the dataset's
+    conversational ``prompt`` with ``reset``'s ``text`` appended to its last message (``None`` for another prompt)."""
+    if not isinstance(prompt, list) or not prompt or not isinstance(prompt[-1], dict):
+        return None
+    # As trl/trainer/grpo_trainer.py:2391-2397 (TRL 1.16) builds it, for the text that reset returns.
+    content = prompt[-1]["content"]
+    observation: Any = [{"type": "text", "text": text}] if isinstance(content, list) else text
+    return [*prompt[:-1], {**prompt[-1], "content": content + observation}]
 
 
 # --------------------------------------------------------------------------------------------- chat template

@@ -1,0 +1,120 @@
+"""The private parts of TRL that recruit_trl overrides or calls, and a check that the installed TRL still has them.
+
+The trainer mixins override private ``GRPOTrainer`` methods and call them through ``super()`` with fixed arguments,
+and the length-sorted split calls TRL's batch helpers. A TRL release may rename, remove or re-sign any of them
+without notice; an override whose signature no longer matches would then be skipped or called with the wrong
+arguments, or would silently drop a new argument. :data:`TRL_PRIVATE_API` lists each one with its parameters (names
+and kinds, defaults and annotations left out) as TRL 1.16 has them, and :func:`check_trl_private_api` fails loudly
+when the installed TRL differs. Nothing runs at import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, NamedTuple
+
+TRL_SERIES = "1.16"  # the series pyproject.toml pins (trl==1.16.*)
+
+
+class PrivateMethod(NamedTuple):
+    """One private callable: ``qualname`` (``Class.method`` or a function) in ``module``, its ``parameters`` as
+    ``inspect.signature`` prints them without defaults and annotations, and who relies on it."""
+
+    module: str
+    qualname: str
+    parameters: str
+    used_by: str
+
+
+TRL_PRIVATE_API = (
+    PrivateMethod(
+        "trl", "GRPOTrainer._prepare_inputs", "(self, generation_batch)",
+        "overridden by training.length_batches.LengthSortedBatches",
+    ),
+    PrivateMethod(
+        "trl", "GRPOTrainer._generate_and_score_completions", "(self, inputs)",
+        "overridden by training.episode_trainer, control, reinforce and legal_logprobs; called by length_batches",
+    ),
+    PrivateMethod(
+        "trl", "GRPOTrainer._generate", "(self, prompts)",
+        "overridden by training.legal_logprobs.LegalLogprobs (reads extra_fields, item 5 of its result)",
+    ),
+    PrivateMethod(
+        "trl", "GRPOTrainer._compute_loss", "(self, model, inputs)",
+        "overridden by training.legal_logprobs.LegalLogprobs",
+    ),
+    # With legal sets the override scores the text itself from the first seven parameters and refuses any other
+    # input (images and the like), so a parameter TRL adds would be refused or ignored: every parameter is checked.
+    PrivateMethod(
+        "trl", "GRPOTrainer._get_per_token_logps_and_entropies",
+        "(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, "
+        "pixel_values, image_grid_thw, num_images, pixel_attention_mask, spatial_shapes, num_tiles, image_sizes, "
+        "token_type_ids, mm_token_type_ids, image_position_ids)",
+        "overridden by training.legal_logprobs.LegalLogprobs",
+    ),
+    # SFTTrainer inherits this one from transformers' Trainer.
+    PrivateMethod(
+        "trl", "SFTTrainer._get_train_sampler", "(self, train_dataset)",
+        "overridden by training.warm_start.WarmStartSFTTrainer",
+    ),
+    PrivateMethod("trl.trainer.utils", "shuffle_sequence_dict", "(seq_dict)", "called by training.length_batches"),
+    PrivateMethod(
+        "trl.trainer.utils", "split_tensor_dict", "(tensor_dict, num_chunks)", "called by training.length_batches"
+    ),
+    PrivateMethod(
+        "trl.trainer.utils", "split_pixel_values_by_grid", "(batch)", "called by training.length_batches"
+    ),
+    PrivateMethod(
+        "trl.trainer.utils", "unsplit_pixel_values_by_grid", "(batch)", "called by training.length_batches"
+    ),
+)  # fmt: skip
+
+
+def check_trl_private_api() -> None:
+    """Compare the installed TRL with :data:`TRL_PRIVATE_API`.
+
+    Raises:
+        RuntimeError: when a listed callable is missing or its parameters differ in name, order or kind; the
+            message names each one, with the signature recruit_trl expects and the one found, and the installed
+            TRL version.
+    """
+    import trl
+
+    problems = []
+    for entry in TRL_PRIVATE_API:
+        name = entry.qualname if entry.module == "trl" else f"{entry.module}.{entry.qualname}"
+        expected = f"recruit_trl was written against trl {TRL_SERIES}'s {name}{entry.parameters} ({entry.used_by})"
+        found = _find(entry.module, entry.qualname)
+        if found is None:
+            problems.append(f"{expected}; the installed trl {trl.__version__} has no {name}")
+            continue
+        parameters = _parameters(found)
+        if parameters != entry.parameters:
+            defined = f"{found.__module__}.{found.__qualname__}"
+            where = "" if defined.startswith("trl.") else f" (defined in {defined})"
+            problems.append(f"{expected}; the installed trl {trl.__version__} has {name}{parameters}{where}")
+    if problems:
+        raise RuntimeError("\n".join(problems) + f": pin trl=={TRL_SERIES}.*")
+
+
+def _find(module: str, qualname: str) -> Any:
+    """The callable ``qualname`` of ``module`` (inherited methods included), or None."""
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            return None
+    return found if callable(found) else None
+
+
+def _parameters(function: Any) -> str:
+    """``function``'s parameters as ``inspect.signature`` prints them, without defaults and annotations (so
+    ``/``, ``*``, ``*args`` and ``**kwargs`` show each parameter's kind)."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return "(<no signature>)"
+    empty = inspect.Parameter.empty
+    bare = [p.replace(default=empty, annotation=empty) for p in signature.parameters.values()]
+    return str(signature.replace(parameters=bare, return_annotation=empty))

@@ -1,0 +1,71 @@
+"""The check of TRL's private API (recruit_trl.training.trl_api): the installed TRL passes, a changed signature and a
+removed method fail with the method's name."""
+
+from __future__ import annotations
+
+import pytest
+import trl
+from trl import GRPOTrainer
+
+from recruit_trl.training.trl_api import TRL_PRIVATE_API, TRL_SERIES, check_trl_private_api
+
+
+def test_the_installed_trl_has_every_private_method_recruit_trl_relies_on():
+    assert trl.__version__.startswith(f"{TRL_SERIES}.")
+    check_trl_private_api()
+
+
+def test_the_table_lists_the_overridden_methods():
+    listed = {entry.qualname for entry in TRL_PRIVATE_API}
+    assert {
+        "GRPOTrainer._prepare_inputs", "GRPOTrainer._generate_and_score_completions", "GRPOTrainer._generate",
+        "GRPOTrainer._compute_loss", "GRPOTrainer._get_per_token_logps_and_entropies", "SFTTrainer._get_train_sampler",
+    } <= listed  # fmt: skip
+
+
+def test_a_changed_signature_fails_with_the_method_and_both_signatures(monkeypatch):
+    def _compute_loss(self, model, inputs, num_items_in_batch=None):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", _compute_loss)
+    with pytest.raises(RuntimeError) as error:
+        check_trl_private_api()
+    message = str(error.value)
+    assert "written against trl 1.16's GRPOTrainer._compute_loss(self, model, inputs)" in message
+    found = "GRPOTrainer._compute_loss(self, model, inputs, num_items_in_batch)"
+    assert f"the installed trl {trl.__version__} has {found}" in message
+    assert message.endswith("pin trl==1.16.*") and message.count("\n") == 0  # the one method that changed
+
+
+def test_a_new_keyword_of_an_overridden_method_fails(monkeypatch):
+    real = GRPOTrainer._get_per_token_logps_and_entropies
+
+    def _get_per_token_logps_and_entropies(self, *args, temperature=None, **kwargs):
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", _get_per_token_logps_and_entropies)
+    with pytest.raises(RuntimeError, match=r"entropies\(self, \*args, temperature, \*\*kwargs\) \(defined in test_"):
+        check_trl_private_api()
+
+
+def test_a_parameter_of_another_kind_fails(monkeypatch):
+    def _compute_loss(self, model, /, inputs):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", _compute_loss)
+    with pytest.raises(RuntimeError, match=r"has GRPOTrainer\._compute_loss\(self, model, /, inputs\)"):
+        check_trl_private_api()
+
+
+def test_a_removed_method_fails(monkeypatch):
+    monkeypatch.delattr(GRPOTrainer, "_generate")
+    with pytest.raises(RuntimeError, match=r"the installed trl \S+ has no GRPOTrainer\._generate: pin trl==1\.16"):
+        check_trl_private_api()
+
+
+def test_a_removed_helper_fails(monkeypatch):
+    import trl.trainer.utils
+
+    monkeypatch.delattr(trl.trainer.utils, "split_tensor_dict")
+    with pytest.raises(RuntimeError, match=r"has no trl\.trainer\.utils\.split_tensor_dict"):
+        check_trl_private_api()
