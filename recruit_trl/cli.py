@@ -254,9 +254,10 @@ def _add_learning_check(subparsers: argparse._SubParsersAction) -> None:
         help="an RL recipe's credit against its control (shuffled advantages) across training seeds",
         description="Train every --seeds seed of RECIPE in both arms, credit (--shuffle_advantages false) and "
         "control (true), from one start built once; evaluate the start and every model on the same held-out "
-        "seeds (greedy and sampled at the training temperature); print each arm's mean +- SE across seeds, each "
-        "arm minus the start and credit minus control paired by seed with its t; write JSON and a PNG of the "
-        "training curves. Finished runs and evaluations are skipped on a re-run. The recipe flags, the same for "
+        "seeds (greedy and sampled at the training temperature); print each arm's mean +- SE across seeds, credit "
+        "minus start, control minus start and credit minus control by seed with their t; write JSON (with the "
+        "commit) and a PNG of the training curves. Held-out seeds that training used are refused. A re-run reuses "
+        "runs and evaluations made at the same commit on a clean tree, and redoes the rest. The recipe flags, the same for "
         "every run, follow '--'.",
         usage="recruit-trl learning-check RECIPE [--seeds 0-2] [--eval_seeds SEEDS] [--json FILE] "
         "[--output_dir DIR] [--metric FIELD] -- RECIPE_FLAGS",

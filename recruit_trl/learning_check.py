@@ -7,22 +7,41 @@ both arms from one shared start and compares them on held-out episodes:
 1. Checks: the recipe (a file or a name in ``recipes/``), the seed ranges, and the recipe flags, parsed by the
    recipe's own ``parse_args`` together with the flags the check adds (so a flag the recipe refuses stops the check
    before anything trains). The flags the check sets itself (``--seed``, ``--shuffle_advantages``, ``--output_dir``,
-   ``--report``) are refused among the recipe flags.
+   ``--report``) are refused among the recipe flags. So are held-out ``--eval_seeds`` (the check's, else the
+   recipe's) that overlap seeds training used, as the recipe parsed them (defaults included): its
+   ``--anchor_seeds``, and with a warm start its ``--sft_train_seeds`` and, with DAgger rounds, ``--dagger_seeds``
+   (:func:`seen_seeds`).
 2. The start, built once in ``<output_dir>/start`` by a subprocess (:func:`build_start`): the recipe's warm start
    (``--warm_start auto``: :func:`recruit_trl.training.warm_start.run_warm_start`, trained into ``start/sft``), a
    given ``--sft_adapter``, or the base model itself (``--warm_start none``). Every run then starts from it
    (``--sft_adapter <start> --warm_start none`` after a warm start).
 3. Every training seed in both arms, ``credit`` (``--shuffle_advantages false``) and ``control`` (``true``), each a
    fresh ``python RECIPE`` process into ``<output_dir>/<arm>_seed<k>`` with its output in ``train.log`` there; a
-   crash is reported and the check goes on. A finished run (its ``run_info.json``, written last) is not run again.
+   crash is reported and the check goes on. A finished run (its ``run_info.json``, written last) is not run again
+   when it was trained at the same code (below).
 4. Held-out evaluation of the start and every trained model on the same reset seeds, every task of the run, greedy
    and sampled at the training ``--temperature`` / ``--top_p``; each model's evaluation is cached in
    ``<folder>/eval/learning_check_<decoding>.json`` (:func:`recruit_trl.evaluation.cache.evaluate_cached`).
 5. The summary (:func:`summarize`): per task and for the mean over tasks, each arm's mean +- SE across training
-   seeds, each arm minus the start, and credit minus control paired by seed with its t on n-1 degrees of freedom;
-   the JSON file (rows per arm, seed, task and decoding, the start's rows, the summary, the commands, versions) and a
-   PNG of both arms' training curves (``episode/outcome`` in episode mode, else ``reward``, from each run's
+   seeds, and three differences by training seed, each with its mean, SE and t on n-1 degrees of freedom and the
+   per-seed values: credit minus the start (what the credit arm learnt, printed beside credit minus control), credit
+   minus control, and control minus the start (how far the control moved on its own: a control that falls below the
+   start makes credit minus control large without credit learning anything). The start is one model evaluated once,
+   so each seed's difference from it is ``arm_seed - start``, and its own evaluation noise is in no SE. Then the JSON
+   file (rows per arm, seed, task and decoding, the start's rows, the summary, the commit, the commands, versions)
+   and a PNG of both arms' training curves (``episode/outcome`` in episode mode, else ``reward``, from each run's
    ``trainer_state.json``).
+
+The code's commit (:func:`recruit_trl.versions.code_commit`: ``git rev-parse HEAD`` of the checkout the code runs
+from, and whether ``git status --porcelain`` lists anything; ``None`` outside a git checkout) is in the JSON
+(``commit``, ``dirty``) and, before anything is made there, in the start's and each run's folder
+(``learning_check_run.json``: ``commit``, ``dirty``, ``command``). A folder is reused (its finished run, its start,
+its cached evaluations) only when that record names the current commit and both the record and the current tree are
+clean; any other folder (another commit, a dirty tree then or now, no git checkout, no record) is emptied and made
+again, with one line in the log (``credit seed 1: trained at abc1234, now def5678: training again``). A dirty tree
+thus reuses nothing, not even what it made itself: its code is in no commit, so results made by one uncommitted
+version cannot be told from another's; commit before a check that is to be resumed. The check's folder belongs in an
+ignored folder (the default ``outputs/`` is), or its own files make the tree dirty.
 
 This module imports no torch at import time: the recipe (and with it TRL) is loaded when the check runs.
 """
@@ -35,6 +54,7 @@ import io
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -55,7 +75,7 @@ from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments
 from recruit_trl.training.model_setup import model_init_kwargs, run_tasks, setup_run
 from recruit_trl.training.run_report import eval_workers, rl_finished
-from recruit_trl.versions import versions
+from recruit_trl.versions import code_commit, versions
 
 # The two arms and the --shuffle_advantages value each runs with.
 ARMS = {"credit": "false", "control": "true"}
@@ -67,6 +87,7 @@ START_DIR = "start"
 START_FILE = "start.json"  # written last by build_start: the start model's path
 FLAGS_FILE = "learning_check_flags.json"  # the recipe and flags this output folder was started with
 LOG_FILE = "train.log"
+RUN_RECORD = "learning_check_run.json"  # in the start's and every run's folder: the commit it was made at
 TRAINER_STATE = "trainer_state.json"
 CURVES_PNG = "learning_curves.png"
 METRICS = ("win_rate", "final_score_mean")  # the first one the start's rows carry, unless --metric names one
@@ -93,19 +114,30 @@ def mean_se(values: Sequence[float]) -> dict[str, Any]:
     return {"n": n, "mean": mean, "se": math.sqrt(variance / n)}
 
 
-def paired_differences(credit: Mapping[int, float], control: Mapping[int, float]) -> dict[str, Any]:
-    """Credit minus control paired by training seed: ``d_k = credit_k - control_k`` over the seeds both arms have.
+def paired_differences(first: Mapping[int, float], second: Mapping[int, float]) -> dict[str, Any]:
+    """``first`` minus ``second`` paired by training seed (e.g. credit minus control): ``d_k = first_k - second_k``
+    over the seeds both have.
 
     Returns:
-        ``{"seeds", "diffs", "n", "mean", "se", "t", "df"}``: the mean difference, its standard error, ``t = mean /
-        se`` on ``df = n - 1`` degrees of freedom. ``t`` and ``df`` are ``None`` below two pairs, ``t`` also when the
-        differences do not vary (se 0).
+        ``{"seeds", "diffs", "n", "mean", "se", "t", "df"}``: the seeds and their differences, the mean difference,
+        its standard error, ``t = mean / se`` on ``df = n - 1`` degrees of freedom. ``t`` and ``df`` are ``None``
+        below two pairs, ``t`` also when the differences do not vary (se 0).
     """
-    seeds = sorted(set(credit) & set(control))
-    diffs = [credit[k] - control[k] for k in seeds]
+    seeds = sorted(set(first) & set(second))
+    diffs = [first[k] - second[k] for k in seeds]
     stats = mean_se(diffs)
     t = stats["mean"] / stats["se"] if stats["se"] else None
     return {"seeds": seeds, "diffs": diffs, **stats, "t": t, "df": stats["n"] - 1 if stats["n"] >= 2 else None}
+
+
+def minus_start(values: Mapping[int, float], start: float | None) -> dict[str, Any]:
+    """An arm minus the start by training seed, ``d_k = arm_k - start``: :func:`paired_differences` against the start
+    on every seed (no seed when the start has no value).
+
+    The start is one model evaluated once, so every seed's difference is from the same value, and the SE and t are
+    the spread across training seeds only: the start's own evaluation noise is in none of them.
+    """
+    return paired_differences(values, {} if start is None else dict.fromkeys(values, start))
 
 
 def summarize(
@@ -121,8 +153,9 @@ def summarize(
 
     Returns:
         ``{decoding: {task: {arm: {"n", "mean", "se", "values": {seed: value}}, "start": value,
-        "<arm>_minus_start": float, "credit_minus_control": paired_differences(...)}}}`` for each decoding of the
-        rows, tasks in order and ``"mean"`` last.
+        "credit_minus_start", "credit_minus_control", "control_minus_start"}}}`` for each decoding of the rows, tasks
+        in order and ``"mean"`` last. The three differences are by training seed, each ``{"seeds", "diffs", "n",
+        "mean", "se", "t", "df"}``: :func:`minus_start` of each arm, :func:`paired_differences` of the arms.
     """
     decodings = list(dict.fromkeys([r["decoding"] for r in start_rows] + [r["decoding"] for r in rows]))
     out: dict[str, dict[str, dict[str, Any]]] = {}
@@ -145,11 +178,10 @@ def summarize(
                 by_seed = dict(sorted(values.get((task, arm), {}).items()))
                 cell[arm] = {**mean_se(list(by_seed.values())), "values": by_seed}
             cell["start"] = start.get(task)
-            for arm in ARMS:
-                mean = cell[arm]["mean"]
-                cell[f"{arm}_minus_start"] = None if mean is None or cell["start"] is None else mean - cell["start"]
-            cell["credit_minus_control"] = paired_differences(values.get((task, "credit"), {}),
-                                                              values.get((task, "control"), {}))  # fmt: skip
+            credit, control = values.get((task, "credit"), {}), values.get((task, "control"), {})
+            cell["credit_minus_start"] = minus_start(credit, cell["start"])
+            cell["credit_minus_control"] = paired_differences(credit, control)
+            cell["control_minus_start"] = minus_start(control, cell["start"])
             cells[task] = cell
         out[decoding] = cells
     return out
@@ -157,13 +189,11 @@ def summarize(
 
 def format_summary(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], metric: str) -> str:
     """The summary as plain-text tables, one per decoding: each arm's mean +- SE across training seeds, the start,
-    each arm minus the start, and credit minus control paired by seed (mean +- SE, t on n-1 degrees of freedom)."""
+    then by training seed (mean +- SE, t on n-1 degrees of freedom) credit minus the start and credit minus control
+    side by side, and control minus the start (how far the control itself moved)."""
 
     def value(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f}"
-
-    def signed(x: float | None) -> str:
-        return "-" if x is None else f"{x:+.3f}"
 
     def arm(cell: Mapping[str, Any]) -> str:
         if cell["mean"] is None:
@@ -171,20 +201,21 @@ def format_summary(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], metri
         se = f" ± {cell['se']:.3f}" if cell["se"] is not None else ""
         return f"{cell['mean']:.3f}{se} (n {cell['n']})"
 
-    def paired(p: Mapping[str, Any]) -> str:
+    def paired(p: Mapping[str, Any], none: str) -> str:
         if p["n"] == 0:
-            return "no seed with both arms"
+            return none
         if p["n"] < 2:
             return f"{p['mean']:+.3f} (n 1: no SE, no t)"
         t = "no t (no spread)" if p["t"] is None else f"t = {p['t']:.2f} (df {p['df']})"
         return f"{p['mean']:+.3f} ± {p['se']:.3f}  {t}"
 
-    headers = ["task", "credit", "control", "start", "credit-start", "control-start", "credit-control (by seed)"]
+    headers = ["task", "credit", "control", "start", "credit-start (by seed)", "credit-control (by seed)",
+               "control-start (by seed)"]  # fmt: skip
     blocks = []
     for decoding, cells in summary.items():
         rows = [
-            [task, arm(c["credit"]), arm(c["control"]), value(c["start"]), signed(c["credit_minus_start"]),
-             signed(c["control_minus_start"]), paired(c["credit_minus_control"])]
+            [task, arm(c["credit"]), arm(c["control"]), value(c["start"]), paired(c["credit_minus_start"], "-"),
+             paired(c["credit_minus_control"], "no seed with both arms"), paired(c["control_minus_start"], "-")]
             for task, c in cells.items()
         ]  # fmt: skip
         widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows, strict=True)]
@@ -351,7 +382,13 @@ def make_plan(
     # Parsed again with the check's own flags, as a run will be, so that every flag is checked now (the start's flags
     # name fields every RL recipe has).
     probe = [*flags, *own_run_flags(train_seeds[0], "control", out / f"control_seed{train_seeds[0]}")]
-    script_args, _, training_args, model_args = parse_recipe_flags(module, probe)
+    script_args, warm, training_args, model_args = parse_recipe_flags(module, probe)
+    if held_out is None:
+        held_out = seed_list(script_args.eval_seeds, "the recipe's --eval_seeds")
+        shown = f"the recipe's --eval_seeds {script_args.eval_seeds}"
+    else:
+        shown = f"learning-check --eval_seeds {eval_seeds}"
+    refuse_seen_seeds(held_out, shown, script_args, warm)
     previous = read_json(out / FLAGS_FILE)
     if previous is not None and (previous.get("recipe"), previous.get("flags")) != (str(path), list(flags)):
         raise LearningCheckError(f"{out} holds a learning check of {previous.get('recipe')} with the flags "
@@ -360,7 +397,7 @@ def make_plan(
     config = EvalConfig(
         env=script_args.env_name,
         tasks=tuple(tasks),
-        seeds=tuple(held_out or seed_list(script_args.eval_seeds, "the recipe's --eval_seeds")),
+        seeds=tuple(held_out),
         contract=script_args.contract,
         recent_k=script_args.recent_k,
         constrained=script_args.eval_constrained,
@@ -383,6 +420,47 @@ def make_plan(
         eval_config=config,
         sampling={"temperature": float(training_args.temperature), "top_p": float(training_args.top_p)},
     )
+
+
+def seen_seeds(script_args: ScriptArguments, warm: WarmStartArguments) -> dict[str, str]:
+    """``{flag: range}``: the recipe's seeds (as parsed: defaults included) that train the models the check evaluates
+    or choose among them.
+
+    RL's ``--anchor_seeds`` always; with a warm start (trained by the start, or the ``--sft_adapter`` given, whose
+    training the recipe's settings are the best guess of) its ``--sft_train_seeds``, and ``--dagger_seeds`` when
+    there are DAgger rounds (their students play them; the best round is chosen on them). Not the seeds of held-out
+    reports that neither train nor choose (``--sft_heldout_seeds``, ``--sft_fixed_seeds``, ``--decision_seeds``).
+    """
+    seen = {"--anchor_seeds": script_args.anchor_seeds}
+    if script_args.sft_adapter or script_args.warm_start == "auto":
+        seen["--sft_train_seeds"] = warm.sft_train_seeds
+        if warm.dagger_rounds > 0:
+            seen["--dagger_seeds"] = warm.dagger_seeds
+    return seen
+
+
+def refuse_seen_seeds(
+    held_out: Sequence[int], shown: str, script_args: ScriptArguments, warm: WarmStartArguments
+) -> None:
+    """Refuse held-out evaluation seeds that training saw (:func:`seen_seeds`): such episodes are not held out.
+
+    Args:
+        held_out: the held-out seeds.
+        shown: their flag and range as the message names them (``learning-check --eval_seeds 0-9``).
+        script_args: the recipe's parsed arguments.
+        warm: the recipe's parsed warm-start arguments.
+
+    Raises:
+        LearningCheckError: one line naming the held-out flag, each recipe flag it overlaps and the seeds in common.
+    """
+    overlaps = []
+    for flag, spec in seen_seeds(script_args, warm).items():
+        common = sorted(set(held_out) & set(parse_int_ranges(spec)))
+        if common:
+            overlaps.append(f"the recipe's {flag} {spec} on {short_range(common)}")
+    if overlaps:
+        raise LearningCheckError(f"{shown} overlap {'; '.join(overlaps)}: held-out episodes must be on seeds no "
+                                 "training saw")  # fmt: skip
 
 
 def known_start(script_args: Any, model_args: Any) -> str | None:
@@ -476,6 +554,51 @@ def run_logged(argv: Sequence[str], log: Path) -> int:
         return subprocess.run(list(argv), stdout=stream, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
 
 
+def describe_code(code: Mapping[str, Any]) -> str:
+    """``abc1234``, ``abc1234 with uncommitted changes``, or ``an unknown commit (no git checkout)``."""
+    if code.get("commit") is None:
+        return "an unknown commit (no git checkout)"
+    return code["commit"][:7] + (" with uncommitted changes" if code.get("dirty") else "")
+
+
+def stale_reason(folder: Path, code: Mapping[str, Any], made: str) -> str | None:
+    """Why what ``folder`` holds (a run, or the start, with their evaluations) may not be reused with the code at
+    ``code`` (:func:`recruit_trl.versions.code_commit`); ``None`` when it may, or when the folder holds nothing.
+
+    It may be reused only when its :data:`RUN_RECORD` names the current commit and both the record and the current
+    tree are clean: a dirty tree matches nothing (its code is in no commit, so what it made cannot be told from what
+    other uncommitted code made), and neither does code outside a git checkout. ``made`` is the verb of the message
+    (``trained``, ``built``, ``evaluated``).
+    """
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return None
+    record = read_json(folder / RUN_RECORD)
+    if not isinstance(record, dict) or "commit" not in record:
+        return f"no record of the commit it was {made} at"
+    reusable = code["commit"] is not None and not code["dirty"] and record.get("dirty") is False
+    if reusable and record["commit"] == code["commit"]:
+        return None
+    return f"{made} at {describe_code(record)}, now {describe_code(code)}"
+
+
+def clear_if_stale(folder: Path, code: Mapping[str, Any], what: str, made: str, again: str) -> None:
+    """Empty ``folder`` when :func:`stale_reason` refuses what it holds, saying so in one line (``credit seed 1:
+    trained at abc1234, now def5678: training again``)."""
+    reason = stale_reason(folder, code, made)
+    if reason is not None:
+        tqdm.write(f"{what}: {reason}: {again}")
+        # Emptied, not trained into: the recipe would resume its checkpoints and reuse its anchor states, and the
+        # evaluations cached here are the old code's.
+        shutil.rmtree(folder)
+
+
+def write_record(folder: Path, code: Mapping[str, Any], argv: Sequence[str] | None) -> None:
+    """Write the folder's :data:`RUN_RECORD` before anything is made in it: the commit, whether the tree was dirty,
+    and the command that makes it (``None`` for a start nothing builds)."""
+    command = shlex.join(argv) if argv is not None else None
+    write_json_atomic(folder / RUN_RECORD, {"commit": code["commit"], "dirty": code["dirty"], "command": command})
+
+
 # --------------------------------------------------------------------------------------------------
 # evaluation and curves
 
@@ -550,11 +673,14 @@ def run_learning_check(plan: Plan, progress: bool = True) -> int:
         write_json_atomic(out / FLAGS_FILE, {"recipe": str(plan.recipe), "flags": plan.flags})
     commands: list[dict[str, Any]] = []
     failures: list[str] = []
-    start = prepare_start(plan, commands)
+    code = code_commit()
+    reuse = "" if code["commit"] and not code["dirty"] else ": nothing made before is reused"
+    print(f"code at {describe_code(code)}{reuse}", flush=True)
+    start = prepare_start(plan, commands, code)
     if start is None:
         print(f"error: the start failed; see {plan.start_dir / LOG_FILE}", file=sys.stderr)
         return 1
-    runs = train_runs(plan, commands, failures, progress)
+    runs = train_runs(plan, commands, failures, progress, code)
     rows, evaluations = evaluate_models(plan, start, runs, failures, progress)
 
     # The metric, the summary, the curves and the JSON.
@@ -578,6 +704,8 @@ def run_learning_check(plan: Plan, progress: bool = True) -> int:
     report = {
         "recipe": str(plan.recipe),
         "recipe_flags": plan.flags,
+        "commit": code["commit"],
+        "dirty": code["dirty"],
         "output_dir": str(out),
         "env": plan.env,
         "tasks": plan.tasks,
@@ -608,14 +736,22 @@ def run_learning_check(plan: Plan, progress: bool = True) -> int:
     return 1 if failures else 0
 
 
-def prepare_start(plan: Plan, commands: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The start's ``start.json``: read back when built before, written for a :attr:`Plan.known_start`, else built
-    by :func:`build_start`'s process (its command appended to ``commands``); ``None`` when that failed."""
-    start = start_built(plan)
-    if start is None and plan.known_start:  # nothing to build: the given adapter or model folder
-        start = {"start": plan.known_start, "base_model": None, "warm_start_trained": False}
-        write_json_atomic(plan.start_dir / START_FILE, start)
+def prepare_start(plan: Plan, commands: list[dict[str, Any]], code: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The start's ``start.json``: read back when built before at the same code (else its folder is emptied first:
+    :func:`clear_if_stale`), written for a :attr:`Plan.known_start`, else built by :func:`build_start`'s process (its
+    command appended to ``commands``); ``None`` when that failed. The folder's :data:`RUN_RECORD` is written before
+    anything else in it."""
+    if plan.known_start:  # the folder holds the start's evaluations only
+        clear_if_stale(plan.start_dir, code, "start", "evaluated", "evaluating it again")
+    else:
+        clear_if_stale(plan.start_dir, code, "start", "built", "building it again")
     argv = start_command(plan)
+    start = start_built(plan)
+    if start is None:
+        write_record(plan.start_dir, code, None if plan.known_start else argv)
+        if plan.known_start:  # nothing to build: the given adapter or model folder
+            start = {"start": plan.known_start, "base_model": None, "warm_start_trained": False}
+            write_json_atomic(plan.start_dir / START_FILE, start)
     shown = shlex.join(argv) if plan.known_start is None else None  # no command builds a known start
     commands.append({"what": "start", "command": shown, "skipped": start is not None})
     if start is not None:
@@ -623,33 +759,38 @@ def prepare_start(plan: Plan, commands: list[dict[str, Any]]) -> dict[str, Any] 
         return start
     print(f"building the start in {plan.start_dir} (log: {plan.start_dir / LOG_FILE})", flush=True)
     started = time.perf_counter()
-    code = run_logged(argv, plan.start_dir / LOG_FILE)
+    returncode = run_logged(argv, plan.start_dir / LOG_FILE)
     start = start_built(plan)
-    if code == 0 and start is not None:
+    if returncode == 0 and start is not None:
         print(f"start built in {time.perf_counter() - started:.0f} s: {start['start']}", flush=True)
     return start
 
 
-def train_runs(plan: Plan, commands: list[dict[str, Any]], failures: list[str], progress: bool) -> list[dict]:
+def train_runs(
+    plan: Plan, commands: list[dict[str, Any]], failures: list[str], progress: bool, code: Mapping[str, Any]
+) -> list[dict]:
     """Train every seed in both arms, seed by seed (an interrupted check still has pairs), each in its own process;
-    a finished run is skipped, a failed one added to ``failures``. Returns a record per run (status, log, seconds)."""
+    a run finished before at the same code is skipped (one made at other code is emptied and trained again:
+    :func:`clear_if_stale`), a failed one added to ``failures``. Returns a record per run (status, log, seconds)."""
     runs = []
     jobs = [(arm, seed) for seed in plan.seeds for arm in ARMS]
     bar = tqdm(jobs, desc="training runs", unit="run", disable=not progress, dynamic_ncols=True)
     for arm, seed in bar:
         folder, argv = plan.run_dir(arm, seed), run_command(plan, arm, seed)
         run = {"arm": arm, "seed": seed, "output_dir": str(folder), "log": str(folder / LOG_FILE)}
+        clear_if_stale(folder, code, f"{arm} seed {seed}", "trained", "training again")
         if rl_finished(folder):
             run.update(status="skipped (finished before)", returncode=0)
         else:
+            write_record(folder, code, argv)  # before training: an interrupted run resumes only at the same code
             bar.set_postfix_str(f"{arm} seed {seed}")
             started = time.perf_counter()
-            code = run_logged(argv, folder / LOG_FILE)
-            run.update(returncode=code, seconds=round(time.perf_counter() - started, 1))
-            run["status"] = "trained" if code == 0 and rl_finished(folder) else "failed"
+            returncode = run_logged(argv, folder / LOG_FILE)
+            run.update(returncode=returncode, seconds=round(time.perf_counter() - started, 1))
+            run["status"] = "trained" if returncode == 0 and rl_finished(folder) else "failed"
             tqdm.write(f"{arm} seed {seed}: {run['status']} in {run['seconds']:.0f} s (log: {run['log']})")
             if run["status"] == "failed":
-                failures.append(f"{arm} seed {seed}: training failed (exit status {code}); see {run['log']}")
+                failures.append(f"{arm} seed {seed}: training failed (exit status {returncode}); see {run['log']}")
         skipped = run["status"].startswith("skipped")
         commands.append({"what": f"{arm} seed {seed}", "command": shlex.join(argv), "skipped": skipped})
         runs.append(run)

@@ -1,5 +1,6 @@
 """``recruit-trl learning-check``: its statistics against hand computations, its argument checks (refused before
-anything trains) and the real command on the toy environment, twice (the second time everything is skipped)."""
+anything trains), what it reuses (only what the same clean commit made) and the real command on the toy environment,
+twice (the second time everything is skipped)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from recruit_trl import learning_check as check
 from recruit_trl.cli import main
 from recruit_trl.learning_check import (
     FLAGS_FILE,
+    RUN_RECORD,
     format_summary,
     mean_se,
     own_flags_in,
     paired_differences,
+    seen_seeds,
     summarize,
 )
+from recruit_trl.versions import code_commit
 
 ROOT = Path(__file__).parents[1]
 # A toy run small enough for a test: both toy tasks, one anchor seed, a few anchor days, batches of 8 (4 generations).
@@ -36,6 +42,15 @@ TOY_FLAGS = [
 def importable(monkeypatch):
     """``tests.toy_env`` is imported from the repository root (as ``python -m pytest`` there does anyway)."""
     monkeypatch.syspath_prepend(str(ROOT))
+
+
+@pytest.fixture
+def commit(monkeypatch):
+    """The code's commit as the check sees it, ``{"commit", "dirty"}``, set by the test (a clean made-up commit to
+    begin with): what a re-run reuses must not depend on whether this checkout has uncommitted changes."""
+    state = {"commit": "a" * 40, "dirty": False}
+    monkeypatch.setattr(check, "code_commit", lambda: dict(state))
+    return state
 
 
 # --------------------------------------------------------------------------------------------------
@@ -84,7 +99,8 @@ def test_summary_by_hand():
     assert a["credit"]["mean"] == pytest.approx(0.7) and a["credit"]["se"] == pytest.approx(0.1)
     assert a["credit"]["values"] == {0: 0.6, 1: 0.8}
     assert a["control"]["mean"] == pytest.approx(0.5) and a["control"]["se"] == 0
-    assert a["start"] == 0.5 and a["credit_minus_start"] == pytest.approx(0.2) and a["control_minus_start"] == 0
+    assert a["start"] == 0.5 and a["credit_minus_start"]["mean"] == pytest.approx(0.2)
+    assert a["control_minus_start"]["diffs"] == [0, 0] and a["control_minus_start"]["t"] is None  # no spread
     # a: d = 0.1, 0.3 -> mean 0.2, se = sd / sqrt(2) = sqrt(0.02) / sqrt(2) = 0.1, t = 2 on 1 df
     assert a["credit_minus_control"]["mean"] == pytest.approx(0.2)
     assert a["credit_minus_control"]["se"] == pytest.approx(0.1)
@@ -93,11 +109,37 @@ def test_summary_by_hand():
     mean = summary["greedy"]["mean"]
     assert mean["credit"]["values"] == pytest.approx({0: 0.4, 1: 0.6})
     assert mean["control"]["values"] == pytest.approx({0: 0.4, 1: 0.3})
-    assert mean["start"] == pytest.approx(0.3) and mean["credit_minus_start"] == pytest.approx(0.2)
+    assert mean["start"] == pytest.approx(0.3) and mean["credit_minus_start"]["diffs"] == pytest.approx([0.1, 0.3])
     assert mean["credit_minus_control"]["diffs"] == pytest.approx([0.0, 0.3])
     assert mean["credit_minus_control"]["t"] == pytest.approx(0.15 / 0.15)
     text = format_summary(summary, "final_score_mean")
     assert "final_score_mean, greedy:" in text and "+0.200 ± 0.100  t = 2.00 (df 1)" in text
+
+
+def test_each_arm_minus_the_start_by_hand():
+    credit, control = {0: 0.6, 1: 0.9, 2: 0.7}, {0: 0.4, 1: 0.5, 2: 0.3}
+    rows = [{"arm": arm, "seed": seed, "task": "a", "decoding": "greedy", "value": v}
+            for arm, values in (("credit", credit), ("control", control)) for seed, v in values.items()]  # fmt: skip
+    summary = summarize(rows, [{"task": "a", "decoding": "greedy", "value": 0.5}], ["a"])
+    cell = summary["greedy"]["a"]
+    # credit - start: d = 0.1, 0.4, 0.2 = (3, 12, 6) / 30; mean 7/30; squared deviations (16 + 25 + 1) / 900 over
+    # 2 df: variance 21/900; se^2 = 21/900/3 = 7/900, se = sqrt(7)/30; t = (7/30) / (sqrt(7)/30) = sqrt(7) on 2 df
+    up = cell["credit_minus_start"]
+    assert up["seeds"] == [0, 1, 2] and up["diffs"] == pytest.approx([0.1, 0.4, 0.2])
+    assert up["n"] == 3 and up["df"] == 2 and up["mean"] == pytest.approx(7 / 30)
+    assert up["se"] == pytest.approx(math.sqrt(7) / 30) and up["t"] == pytest.approx(math.sqrt(7))
+    # control - start: d = -0.1, 0.0, -0.2; mean -0.1; squared deviations 0 + 0.01 + 0.01 over 2 df: sd 0.1,
+    # se 0.1 / sqrt(3), t = -sqrt(3): the control fell below the start
+    down = cell["control_minus_start"]
+    assert down["diffs"] == pytest.approx([-0.1, 0.0, -0.2]) and down["mean"] == pytest.approx(-0.1)
+    assert down["se"] == pytest.approx(0.1 / math.sqrt(3)) and down["t"] == pytest.approx(-math.sqrt(3))
+    # credit - control (d = 0.2, 0.4, 0.4) is the sum of the two: mean 1/3 = 7/30 + 0.1
+    assert cell["credit_minus_control"]["mean"] == pytest.approx(up["mean"] - down["mean"])
+    text = format_summary(summary, "win_rate")
+    header = next(line for line in text.splitlines() if line.startswith("task"))
+    assert header.split()[4:] == ["credit-start", "(by", "seed)", "credit-control", "(by", "seed)", "control-start",
+                                  "(by", "seed)"]  # fmt: skip
+    assert "+0.233 ± 0.088  t = 2.65 (df 2)  +0.333 ± 0.067  t = 5.00 (df 2)  -0.100 ± 0.058  t = -1.73 (df 2)" in text
 
 
 def test_summary_of_one_seed_says_there_is_no_t():
@@ -106,6 +148,8 @@ def test_summary_of_one_seed_says_there_is_no_t():
     summary = summarize(rows, [], ["a"])
     paired = summary["sampled"]["a"]["credit_minus_control"]
     assert paired["n"] == 1 and paired["t"] is None and summary["sampled"]["a"]["start"] is None
+    assert summary["sampled"]["a"]["credit_minus_start"] == {"seeds": [], "diffs": [], "n": 0, "mean": None,
+                                                             "se": None, "t": None, "df": None}  # fmt: skip
     assert "+0.250 (n 1: no SE, no t)" in format_summary(summary, "win_rate")
 
 
@@ -132,6 +176,19 @@ def test_the_flags_the_check_sets_itself_are_found_in_every_spelling():
         (["grpo_clinical", "--", "--max_steps", "x"], "refuses the recipe flags: argument --max_steps"),
         (["grpo_clinical", "--", "--warm_start", "later"], "--warm_start must be auto or none"),
         (["sft_clinical", "--"], "sft_clinical.py is not an RL recipe"),
+        (
+            ["grpo_clinical", "--eval_seeds", "98-101", "--"],
+            "learning-check --eval_seeds 98-101 overlap the recipe's --anchor_seeds 100 on 100: held-out episodes",
+        ),
+        (
+            ["grpo_clinical", "--", "--eval_seeds", "100-101"],  # the recipe's own held-out seeds are checked too
+            "the recipe's --eval_seeds 100-101 overlap the recipe's --anchor_seeds 100 on 100",
+        ),
+        (  # the warm start's seeds: the defaults, as the recipe parsed them
+            ["grpo_clinical", "--eval_seeds", "0-9,305", "--", "--warm_start", "auto", "--dagger_rounds", "1"],
+            "--eval_seeds 0-9,305 overlap the recipe's --sft_train_seeds 300-311 on 305; the recipe's --dagger_seeds "
+            "300-307 on 305",
+        ),
     ],
 )
 def test_bad_arguments_are_refused_before_training(argv, message, tmp_path, capsys):
@@ -143,6 +200,20 @@ def test_bad_arguments_are_refused_before_training(argv, message, tmp_path, caps
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("recruit-trl learning-check")]
     assert len(errors) == 1 and message in errors[0], errors
     assert not out.exists()  # nothing was written, nothing trained
+
+
+def test_the_seeds_training_used_are_those_of_the_models_evaluated():
+    script = {"anchor_seeds": "100-107", "warm_start": "auto", "sft_adapter": None}
+    warm = {"sft_train_seeds": "300-311", "dagger_seeds": "300-307", "dagger_rounds": 0}
+    seen = seen_seeds(SimpleNamespace(**script), SimpleNamespace(**warm))
+    assert seen == {"--anchor_seeds": "100-107", "--sft_train_seeds": "300-311"}  # no DAgger round: no DAgger seed
+    seen = seen_seeds(SimpleNamespace(**script), SimpleNamespace(**{**warm, "dagger_rounds": 1}))
+    assert list(seen) == ["--anchor_seeds", "--sft_train_seeds", "--dagger_seeds"]
+    given = {**script, "warm_start": "none", "sft_adapter": "some/adapter"}  # the recipe's settings: the best guess
+    seen = seen_seeds(SimpleNamespace(**given), SimpleNamespace(**warm))
+    assert list(seen) == ["--anchor_seeds", "--sft_train_seeds"]
+    base = {**script, "warm_start": "none"}  # RL from the base model: no warm start trains on anything
+    assert seen_seeds(SimpleNamespace(**base), SimpleNamespace(**warm)) == {"--anchor_seeds": "100-107"}
 
 
 def test_a_folder_of_another_checks_flags_is_refused(tmp_path, capsys):
@@ -207,7 +278,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def test_a_crashed_run_is_reported_and_retried_alone(warm_model, tmp_path, capsys, one_thread):
+def test_a_crashed_run_is_reported_and_retried_alone(warm_model, tmp_path, capsys, one_thread, commit):
     recipe, calls, out = tmp_path / "stand_in.py", tmp_path / "calls.txt", tmp_path / "check"
     recipe.write_text(STAND_IN_RECIPE.format(calls=str(calls), recipe=str(ROOT / "recipes" / "grpo_clinical.py")))
     command = ["learning-check", str(recipe), "--seeds", "0-1", "--eval_seeds", "0", "--output_dir", str(out),
@@ -229,12 +300,98 @@ def test_a_crashed_run_is_reported_and_retried_alone(warm_model, tmp_path, capsy
 
 
 # --------------------------------------------------------------------------------------------------
+# the commit: recorded, and only what the same clean commit made is reused
+
+
+def test_the_commit_is_read_from_git(tmp_path, monkeypatch):
+    here = code_commit()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode != 0:
+        assert here == {"commit": None, "dirty": None}  # not a git checkout (or no git): nothing to read
+    else:
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+        assert here == {"commit": head.stdout.strip(), "dirty": bool(status.strip())}
+    # A folder inside the checkout is not its top: an installed package's site-packages inside a repository
+    # (a virtual environment in a checkout) is not that repository's code.
+    assert code_commit(ROOT / "recruit_trl") == {"commit": None, "dirty": None}
+    assert code_commit(tmp_path) == {"commit": None, "dirty": None}  # no git checkout
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git at all: no crash
+    assert code_commit(ROOT) == {"commit": None, "dirty": None}
+
+
+def test_a_run_made_at_another_commit_is_made_again(warm_model, tmp_path, capsys, one_thread, commit):
+    """Runs are faked by the stand-in recipe (a copy of the start model): a run whose record names another commit is
+    emptied and trained again while the one of the current commit is reused; a dirty tree reuses nothing, and what a
+    dirty tree made is not reused at a clean one. The JSON and each folder's record carry the commit."""
+    recipe, calls, out = tmp_path / "stand_in.py", tmp_path / "calls.txt", tmp_path / "check"
+    recipe.write_text(STAND_IN_RECIPE.format(calls=str(calls), recipe=str(ROOT / "recipes" / "grpo_clinical.py")))
+    command = ["learning-check", str(recipe), "--seeds", "0", "--eval_seeds", "0", "--output_dir", str(out),
+               "--no_progress", "--", *TOY_FLAGS, "--model_name_or_path", warm_model]  # fmt: skip
+    assert main(command) == 0
+    report = json.loads((out / "learning_check.json").read_text())
+    assert report["commit"] == "a" * 40 and report["dirty"] is False
+    record = json.loads((out / "credit_seed0" / RUN_RECORD).read_text())
+    assert record["commit"] == "a" * 40 and record["dirty"] is False
+    assert "--seed 0 --shuffle_advantages false" in record["command"]
+    assert json.loads((out / "start" / RUN_RECORD).read_text())["command"] is None  # a given model: nothing builds it
+    evals = {name: out / name / "eval" / "learning_check_greedy.json" for name in ("start", "credit_seed0",
+                                                                                     "control_seed0")}  # fmt: skip
+    stamps = {name: path.stat().st_mtime_ns for name, path in evals.items()}
+
+    # The credit run was trained at another commit: it alone is trained and evaluated again.
+    (out / "credit_seed0" / RUN_RECORD).write_text(json.dumps({**record, "commit": "b" * 40}))
+    (out / "credit_seed0" / "stale.txt").write_text("emptied before training again")
+    capsys.readouterr()
+    assert main(command) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "credit seed 0: trained at bbbbbbb, now aaaaaaa: training again" in lines
+    assert calls.read_text().splitlines() == ["false 0", "true 0", "false 0"]
+    assert not (out / "credit_seed0" / "stale.txt").exists()
+    assert json.loads((out / "credit_seed0" / RUN_RECORD).read_text())["commit"] == "a" * 40
+    report = json.loads((out / "learning_check.json").read_text())
+    assert [r["status"] for r in report["runs"]] == ["trained", "skipped (finished before)"]
+    assert evals["credit_seed0"].stat().st_mtime_ns != stamps["credit_seed0"]  # its evaluation made again
+    for name in ("start", "control_seed0"):  # theirs read back
+        assert evals[name].stat().st_mtime_ns == stamps[name]
+
+    # A dirty tree reuses nothing; at a clean tree again nothing the dirty one made is reused either.
+    commit["dirty"] = True
+    assert main(command) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "code at aaaaaaa with uncommitted changes: nothing made before is reused" in lines
+    assert "start: evaluated at aaaaaaa, now aaaaaaa with uncommitted changes: evaluating it again" in lines
+    assert "control seed 0: trained at aaaaaaa, now aaaaaaa with uncommitted changes: training again" in lines
+    report = json.loads((out / "learning_check.json").read_text())
+    assert report["dirty"] is True and json.loads((out / "control_seed0" / RUN_RECORD).read_text())["dirty"] is True
+    commit["dirty"] = False
+    assert main(command) == 0
+    assert "credit seed 0: trained at aaaaaaa with uncommitted changes, now aaaaaaa: training again" in (
+        capsys.readouterr().out.splitlines()
+    )
+    # and a folder without a record (an older check's) is made again too
+    (out / "control_seed0" / RUN_RECORD).unlink()
+    assert main(command) == 0
+    assert "control seed 0: no record of the commit it was trained at: training again" in (
+        capsys.readouterr().out.splitlines()
+    )
+    assert calls.read_text().splitlines() == ["false 0", "true 0", "false 0", "false 0", "true 0", "false 0",
+                                              "true 0", "true 0"]  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------
 # the real command on the toy environment
+
+# The command, with the code's commit pinned to a clean made-up one (a re-run of a dirty checkout reuses nothing).
+PINNED_CLI = (
+    "import sys; from recruit_trl import learning_check; from recruit_trl.cli import main; "
+    "learning_check.code_commit = lambda: {'commit': 'c' * 40, 'dirty': False}; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def learning_check(out: Path, seeds: str, warm_model: str) -> tuple[subprocess.CompletedProcess, float]:
-    """``recruit-trl learning-check grpo_clinical`` on the toy walk in a subprocess; (process, seconds)."""
-    command = [str(Path(sys.executable).parent / "recruit-trl"), "learning-check", "grpo_clinical", "--seeds", seeds,
+    """``recruit-trl learning-check grpo_clinical`` on the toy walk in a subprocess (:data:`PINNED_CLI`); (process,
+    seconds)."""
+    command = [sys.executable, "-c", PINNED_CLI, "learning-check", "grpo_clinical", "--seeds", seeds,
                "--eval_seeds", "0-1", "--output_dir", str(out), "--no_progress", "--",
                *TOY_FLAGS, "--model_name_or_path", warm_model]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -273,6 +430,9 @@ def check_report(out: Path, seeds: list[int]) -> dict:
     assert report["curves"]["metric"] == "reward" and (out / "learning_curves.png").stat().st_size > 0
     assert set(report["curves"]["runs"]) == {"credit", "control"}
     assert report["failures"] == [] and report["versions"]["recruit_trl"]
+    assert report["commit"] == "c" * 40 and report["dirty"] is False
+    for folder in ["start"] + [f"{arm}_seed{s}" for s in seeds for arm in ("credit", "control")]:
+        assert json.loads((out / folder / RUN_RECORD).read_text())["commit"] == "c" * 40
     return report
 
 
