@@ -126,7 +126,9 @@ def paired_differences(first: Mapping[int, float], second: Mapping[int, float]) 
     seeds = sorted(set(first) & set(second))
     diffs = [first[k] - second[k] for k in seeds]
     stats = mean_se(diffs)
-    t = stats["mean"] / stats["se"] if stats["se"] else None
+    # Differences equal on every seed have se 0, or a rounding residue of it: no t either way.
+    varies = stats["se"] is not None and stats["se"] > 1e-12 * max(1.0, *(abs(d) for d in diffs))
+    t = stats["mean"] / stats["se"] if varies else None
     return {"seeds": seeds, "diffs": diffs, **stats, "t": t, "df": stats["n"] - 1 if stats["n"] >= 2 else None}
 
 
