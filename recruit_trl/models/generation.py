@@ -113,6 +113,10 @@ def sample(
     Returns:
         ``(completion_ids, logprobs)``: each completion is cut after its first EOS token (kept, so TRL sees
         it as terminated) and is never empty; ``logprobs`` has one value per completion token.
+
+    Raises:
+        RuntimeError: with ``allowed``, when a sampled token lies outside the legal set of its position
+            (:func:`check_in_legal_sets`).
     """
     config = copy.deepcopy(generation_config)
     config.max_new_tokens = max_new_tokens
@@ -132,6 +136,8 @@ def sample(
             trees = [_prefix_tree(seqs, stop) for seqs in allowed[start : start + chunk_size]]
             rows = decode_tree(model, batch, trees, config, pad_id, check_unchanged)
         for ids, logps, allowed_here, same in rows:
+            if allowed is not None:
+                check_in_legal_sets(len(completions), ids, allowed_here)
             completions.append(ids)
             logprobs.append(logps)
             if unchanged is not None:
@@ -142,6 +148,22 @@ def sample(
 
 
 Decoded = tuple[list[int], list[float], list[list[int]] | None, bool | None]  # ids, logprobs, legal, unchanged
+
+
+def check_in_legal_sets(row: int, completion: Sequence[int], legal: Sequence[Sequence[int]]) -> None:
+    """Refuse a constrained completion with a token outside the legal set of its position: the log-probabilities of
+    the rollout and of the loss (:mod:`recruit_trl.training.legal_logprobs`) are over those sets.
+
+    Raises:
+        RuntimeError: naming the completion, the position and the token.
+    """
+    if len(legal) != len(completion):
+        raise RuntimeError(f"completion {row}: {len(completion)} tokens but {len(legal)} legal sets")
+    for position, (token, allowed) in enumerate(zip(completion, legal, strict=True)):
+        if token not in allowed:
+            raise RuntimeError(
+                f"completion {row}, position {position}: token {token} was sampled outside its legal set {allowed}"
+            )
 
 
 @torch.no_grad()

@@ -392,11 +392,42 @@ def check_quantised_training(model_args: Any, full_finetune: bool | None, flags:
                          f"drop {flags} or the quantisation")  # fmt: skip
 
 
+def check_constrained_sampling(script_args: ScriptArguments, training_args: Any) -> None:
+    """With ``--constrained_decoding``, refuse the sampling settings that the sampler and the loss would not share.
+
+    The constrained sampler (:func:`recruit_trl.models.generation.sample`) draws each answer token from the model's
+    distribution at ``--temperature`` renormalised over the legal tokens, and the loss
+    (:mod:`recruit_trl.training.legal_logprobs`) renormalises the same logits, divided by the same temperature, over
+    the same tokens. Top-k and top-p would cut the set the sampler draws from but not the one the loss renormalises
+    over; the sampler applies neither min-p, nor a repetition penalty, nor ``--generation_kwargs``.
+
+    Raises:
+        ValueError: one line naming the first such flag and its value.
+    """
+    if not script_args.constrained_decoding:
+        return
+    renormalised = "samples from the legal tokens renormalised, and the loss assumes that"
+    cut = f"constrained decoding {renormalised}"
+    ignored = f"the constrained sampler does not apply it: it {renormalised}"
+    settings = [  # (flag, value, whether it changes the distribution GRPOConfig asks for, why that is refused)
+        ("top_p", training_args.top_p, training_args.top_p is not None and training_args.top_p < 1.0, cut),
+        ("top_k", training_args.top_k, bool(training_args.top_k), cut),
+        ("min_p", training_args.min_p, bool(training_args.min_p), ignored),
+        ("repetition_penalty", training_args.repetition_penalty, training_args.repetition_penalty not in (None, 1.0),
+         ignored),
+        ("generation_kwargs", training_args.generation_kwargs, bool(training_args.generation_kwargs), ignored),
+    ]  # fmt: skip
+    for flag, value, changed, why in settings:
+        if changed:
+            raise ValueError(f"--{flag} {value}: {why}; drop --{flag} or turn off --constrained_decoding")
+
+
 def check_rl_arguments(
     script_args: ScriptArguments, warm: WarmStartArguments, training_args: Any, model_args: Any
 ) -> tuple[ScriptArguments, WarmStartArguments, Any, Any]:
     """Check what the RL recipes' dataclasses cannot check alone: the environment's tasks and policies, the rewards'
-    weights, the sampling temperature, vLLM and the quantisation. Returns the four unchanged.
+    weights, the sampling settings (with constrained decoding too), vLLM and the quantisation. Returns the four
+    unchanged.
 
     Raises:
         ValueError: one line naming the flag, its value and what it takes.
@@ -419,6 +450,7 @@ def check_rl_arguments(
     check_value("temperature", training_args.temperature, training_args.temperature > 0, "> 0 (GRPO samples)")
     if training_args.use_vllm:
         raise ValueError("--use_vllm: recruit_trl rollouts generate with transformers; vLLM is not supported")
+    check_constrained_sampling(script_args, training_args)
     check_quantised_training(model_args, script_args.sft_full_finetune, "--sft_full_finetune true")
     check_quantised_training(model_args, script_args.rl_full_finetune, "--rl_full_finetune true")
     return script_args, warm, training_args, model_args
