@@ -8,8 +8,10 @@ Top to bottom:
 1. Arguments: ``SFTScriptArguments`` (``recruit_trl.training.arguments``: the environment, its tasks) +
    ``WarmStartArguments`` (the teacher, seeds, balancing, DAgger: the flags the RL recipes' warm start takes too) +
    TRL's ``SFTConfig`` + ``ModelConfig`` through ``TrlParser``; CPU-friendly defaults.
-2. Data: teacher traces on ``--sft_train_seeds`` (balanced by action type within each task) and ``--sft_heldout_seeds``
-   (untouched), as conversational prompt/completion rows; saved to ``<output_dir>/dataset`` and reused on re-runs.
+2. Data: teacher traces on ``--sft_train_seeds`` (balanced by action type within each task: no type above
+   ``--sft_max_type_fraction`` of the rows, the clinical environment's 0.35; an environment that sets no cap of its own
+   keeps every row) and ``--sft_heldout_seeds`` (untouched), as conversational prompt/completion rows; saved to
+   ``<output_dir>/dataset`` and reused on re-runs.
 3. ``SFTTrainer`` trains a LoRA adapter on the completions only (``--use_peft false``: every weight, which suits the
    tiny model, whose LoRA lacks the capacity to condition on the state; a real model keeps LoRA). For a small
    vocabulary the loss is the model's own cross-entropy (``--sft_token_metrics``).

@@ -81,8 +81,11 @@ class WarmStartArguments:
                   "are labelled with the teacher's action)."},
     )  # fmt: skip
     sft_max_type_fraction: float = field(
-        default=0.35, metadata={"help": "Cap on any action type's share of rows (1: no cap)."}
-    )
+        default=1.0,
+        metadata={"help": "Cap on any action type's share of the training rows (with --sft_data teacher_sets: any "
+                  "decision phase's share of a split); 1: no cap, the environment-neutral default. An environment's "
+                  "recipe defaults set its own (clinical 0.35, conquest 0.25)."},
+    )  # fmt: skip
     sft_balance_by_task: bool = field(default=True, metadata={"help": "Apply the cap within every task's rows."})
     dagger_rounds: int = field(
         default=0,

@@ -7,7 +7,10 @@ policy of the GRPO and REINFORCE recipes. The split is by reset seed (no episode
 
 Action-type balancing caps every action type at ``max_type_fraction`` of the training rows by subsampling the
 over-represented types: the reference's own SFT collapsed to 100% ``adjust_strategy``; a model trained on
-balanced data cannot win by always predicting the majority action.
+balanced data cannot win by always predicting the majority action. There is no cap unless one is asked for
+(``--sft_max_type_fraction``, or an environment's recipe defaults: clinical 0.35, conquest 0.25): a cap chosen for
+one environment's action types can discard most rows of another, whose teacher plays one or two types most of the
+time.
 
 The training loop itself (``SFTTrainer``, DAgger rounds, caching) is :mod:`recruit_trl.training.warm_start`.
 """
@@ -52,10 +55,23 @@ def balance_action_types(
         counts = dict(Counter(r["action_type"] for r in rows))
         warnings.warn(
             f"SFT balancing by action type kept {len(out)} of {len(rows)} rows (max_type_fraction "
-            f"{max_type_fraction}; the teacher's action types: {counts}); raise --sft_max_type_fraction to keep more",
+            f"{max_type_fraction}; the teacher's action types: {counts}); raise --sft_max_type_fraction (1: no cap) "
+            "to keep more",
             stacklevel=2,
         )
     return out
+
+
+def kept_rows_warning(kept: int, raw: int, max_type_fraction: float | None = None) -> str | None:
+    """The warning a summary line carries when balancing by action type kept less than half of the ``raw`` teacher
+    rows (``None`` otherwise): the counts, the cap (when known) and the flag that sets it."""
+    if kept >= raw / 2:
+        return None
+    cap = "" if max_type_fraction is None else f" {max_type_fraction}"
+    return (
+        f"WARNING: the cap on any action type's share of the rows (--sft_max_type_fraction{cap}) kept only {kept} of "
+        f"{raw} teacher rows; raise it (1: no cap) to keep more"
+    )
 
 
 def _balanced(rows: list[dict[str, Any]], max_type_fraction: float, seed: int) -> list[dict[str, Any]]:
@@ -116,12 +132,13 @@ def build_sft_datasets(
     contract: str = "index",
     recent_k: int = 2,
     epsilon: float = 0.0,
-    max_type_fraction: float = 0.35,
+    max_type_fraction: float = 1.0,
     balance_by: str | None = None,
     seed: int = 0,
 ) -> tuple[Any, Any, dict[str, Any]]:
     """Teacher traces -> (train Dataset, held-out Dataset, stats); the training part is balanced by action type
-    (:func:`balance_action_types`), the held-out part kept whole."""
+    (:func:`balance_action_types`: ``max_type_fraction`` 1, the default, keeps every row), the held-out part kept
+    whole. The stats hold the row counts before and after balancing and the cap applied."""
     if set(train_seeds) & set(heldout_seeds):
         raise ValueError("train and held-out seeds overlap")
     train_stats, heldout_stats = TraceStats(), TraceStats()
@@ -135,6 +152,7 @@ def build_sft_datasets(
         "teacher": teacher,
         "train_rows_raw": len(train_rows),
         "train_rows": len(balanced),
+        "max_type_fraction": max_type_fraction,
         "heldout_rows": len(heldout_rows),
         "skipped_unlisted_teacher_actions": train_stats.skipped + heldout_stats.skipped,
         "train_action_types_raw": dict(Counter(r["action_type"] for r in train_rows)),

@@ -64,6 +64,7 @@ from recruit_trl.training.sft_data import (
     build_sft_datasets,
     dagger_rows,
     heldout_report,
+    kept_rows_warning,
     mean_over_tasks,
     teacher_set_datasets,
     to_conversational,
@@ -104,8 +105,7 @@ def train_sft(
         train.save_to_disk(str(data_dir / "train"))
         heldout.save_to_disk(str(data_dir / "heldout"))
         write_json_atomic(data_dir / "stats.json", stats)
-    print(f"SFT data: {stats['train_rows']} train rows ({stats['train_rows_raw']} before balancing), ", end="")
-    print(f"{stats['heldout_rows']} held out")
+    print(data_summary(stats))
 
     # 2. Model and fine-tuning on the completions (round 0), then DAgger rounds on the model's own states.
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -181,6 +181,27 @@ def train_sft(
     write_model_card(out, sft_model_card(prompts, warm, training_args, model_args, setup, report))
     print(json.dumps({k: v for k, v in report.items() if k != "data"}, indent=2))
     return report
+
+
+def data_summary(stats: dict[str, Any]) -> str:
+    """The warm start's line about its data (the stats of :func:`sft_datasets`): the train rows, before balancing, and
+    the held-out rows; under it a warning naming ``--sft_max_type_fraction`` when balancing by action type kept less
+    than half of the teacher's rows (:func:`~recruit_trl.training.sft_data.kept_rows_warning`).
+
+    The teacher decision sets keep no count of their rows before the cap, so their line gives the cap instead."""
+    if stats.get("data") == "teacher_sets":
+        share = stats["sets"]["max_share"]
+        cap = f", no decision phase above {share} of it (--sft_max_type_fraction)" if share < 1 else ""
+        return (
+            f"SFT data: {stats['train_rows']} train rows (the teacher decision sets' train split{cap}), "
+            f"{stats['heldout_rows']} held out"
+        )
+    line = (
+        f"SFT data: {stats['train_rows']} train rows ({stats['train_rows_raw']} before balancing), "
+        f"{stats['heldout_rows']} held out"
+    )
+    warning = kept_rows_warning(stats["train_rows"], stats["train_rows_raw"], stats.get("max_type_fraction"))
+    return line if warning is None else f"{line}\n{warning}"
 
 
 def round_dirs(out: Path, rounds: int) -> list[Path]:
@@ -417,11 +438,15 @@ def dagger_data(
             "student": {r["task"]: {k: r[k] for k in ("final_score_mean", "teacher_match")} for r in student},
             "rows": len(rows),
             "rows_raw": len(labelled),
+            "max_type_fraction": warm.sft_max_type_fraction,
             "action_types": dict(Counter(r["action_type"] for r in labelled)),
         }
         rows.save_to_disk(str(cache / "rows"))
         write_json_atomic(cache / "info.json", info)
     print(f"DAgger: {info['rows']} new rows; the student scored {info['student']}")
+    warning = kept_rows_warning(info["rows"], info["rows_raw"], info.get("max_type_fraction"))
+    if warning is not None:
+        print(warning)
     return concatenate_datasets([data, rows]), info
 
 
