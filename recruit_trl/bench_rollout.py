@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from recruit_trl.files import write_json_atomic
 from recruit_trl.models.loading import keep_4bit_layers_trainable
 from recruit_trl.training.anchor_data import make_anchor_dataset
-from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments
+from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments, check_vllm_arguments
 from recruit_trl.training.defaults import recipe_defaults
 from recruit_trl.training.model_setup import model_init_kwargs, setup_run
 
@@ -144,8 +144,7 @@ def parse_args(argv: list[str] | None = None):
     bench, script_args, _, training_args, model_args = parser.parse_args_and_config(args=argv)
     if script_args.warm_start != "none" or script_args.sft_adapter or script_args.report:
         raise ValueError("bench_rollout trains the base model only: drop --warm_start, --sft_adapter and --report")
-    if training_args.use_vllm:
-        raise ValueError("recruit_trl rollouts generate with transformers; vLLM is not supported (drop --use_vllm)")
+    check_vllm_arguments(training_args, model_args)
     training_args.max_steps = bench.steps
     return bench, script_args, training_args, model_args
 

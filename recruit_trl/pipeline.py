@@ -53,8 +53,6 @@ def run_rl(
     """
     started = time.perf_counter()
     timings: dict[str, float] = {}
-    if training_args.use_vllm:
-        raise ValueError("recruit_trl rollouts generate with transformers; vLLM is not supported (drop --use_vllm)")
     if not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(1, training_args.world_size)))
 

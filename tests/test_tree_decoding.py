@@ -15,13 +15,13 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from recruit_trl.contracts import answer_texts, build_messages
 from recruit_trl.models.generation import (
-    _prefix_tree,
     answer_token_ids,
     branch_logprobs,
     decode_tree,
     encode_prompt,
     eos_ids,
     generate_batch,
+    prefix_tree,
 )
 from recruit_trl.models.loading import load_for_inference
 from recruit_trl.protocol import get_env_interface
@@ -69,7 +69,7 @@ def test_tree_decoding_gives_generates_greedy_answers(env, contract, warm_model)
         batch = prompts[start : start + 32]
         answers = [answer_texts(contract, c) for _, c in cases[start : start + 32]]
         answers = [texts if k % 3 else texts[-1:] for k, texts in enumerate(answers)]  # a third: one forced answer
-        trees = [_prefix_tree(answer_token_ids(tokenizer, texts), stop) for texts in answers]
+        trees = [prefix_tree(answer_token_ids(tokenizer, texts), stop) for texts in answers]
         ours = decode_tree(model, batch, trees, config, pad_id, check_unchanged=True)
         theirs = generate_batch(model, batch, config, stop, pad_id, trees=trees, check_unchanged=True)
         for (ids, logps, legal, same), (ref_ids, ref_logps, ref_legal, ref_same) in zip(ours, theirs, strict=True):

@@ -15,8 +15,10 @@ distribution (:mod:`recruit_trl.training.legal_logprobs`).
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -49,7 +51,8 @@ def answer_token_ids(tokenizer: PreTrainedTokenizerBase, answers: Sequence[str])
     return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in answers]
 
 
-def _prefix_tree(sequences: TokenSequences, ends: set[int]) -> dict:
+def prefix_tree(sequences: TokenSequences, ends: set[int]) -> dict:
+    """The answers' token sequences as a trie of nested dicts, each answer followed by any of the ``ends`` tokens."""
     root: dict = {}
     for seq in sequences:
         node = root
@@ -95,7 +98,8 @@ def sample(
     unchanged: list[bool | None] | None = None,
     legal: list[list[list[int]]] | None = None,
 ) -> tuple[list[list[int]], list[list[float]]]:
-    """Sample one completion per prompt (left-padded batches of ``chunk_size``).
+    """Sample one completion per prompt (left-padded batches of ``chunk_size``), with a Hugging Face model or a
+    :class:`recruit_trl.models.vllm_engine.VLLMPolicy` (the same contract, through vLLM).
 
     Free decoding runs ``model.generate``. Constrained decoding (``allowed``) walks the answers' prefix tree instead
     (:func:`decode_tree`): the model runs only where the tree branches, a forced token costs nothing, and the answer
@@ -118,6 +122,10 @@ def sample(
         RuntimeError: with ``allowed``, when a sampled token lies outside the legal set of its position
             (:func:`check_in_legal_sets`).
     """
+    from recruit_trl.models.vllm_engine import VLLMPolicy
+
+    if isinstance(model, VLLMPolicy):
+        return model.sample(tokenizer, prompt_ids, generation_config, max_new_tokens, allowed, unchanged, legal)
     config = copy.deepcopy(generation_config)
     config.max_new_tokens = max_new_tokens
     stop = eos_ids(tokenizer, config)
@@ -133,7 +141,7 @@ def sample(
         if allowed is None:
             rows = generate_batch(model, batch, config, stop, pad_id)
         else:
-            trees = [_prefix_tree(seqs, stop) for seqs in allowed[start : start + chunk_size]]
+            trees = [prefix_tree(seqs, stop) for seqs in allowed[start : start + chunk_size]]
             rows = decode_tree(model, batch, trees, config, pad_id, check_unchanged)
         for ids, logps, allowed_here, same in rows:
             if allowed is not None:
@@ -241,6 +249,13 @@ def _choose(scores: torch.Tensor, config: GenerationConfig) -> tuple[int, float]
     return pick, float(logps[pick])
 
 
+def cache_argument(model: PreTrainedModel) -> str:
+    """The name of the KV-cache argument of ``model``'s forward (and of its output): ``cache`` in recent transformers
+    5 releases, ``past_key_values`` before (vLLM's CPU build pins transformers < 5.18)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def decode_tree(
     model: PreTrainedModel,
@@ -282,7 +297,7 @@ def decode_tree(
     for r in range(n):
         advance(r)
     mask = torch.zeros((n, 0), dtype=torch.long)
-    cache = None
+    cache, cache_name = None, cache_argument(model)
     first = True
     while True:
         # what each row feeds: up to a branch; a finished row only what its unchanged check still needs
@@ -314,9 +329,9 @@ def decode_tree(
         keep = max(predicting)
         out = model(
             input_ids=chunk.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-            cache=cache, use_cache=True, logits_to_keep=keep,
+            use_cache=True, logits_to_keep=keep, **{cache_name: cache},
         )  # fmt: skip
-        cache = out.cache
+        cache = getattr(out, cache_name)
         logits = out.logits[:, -keep:].float().cpu()
         for r, feed in enumerate(feeds):
             if not feed:
@@ -339,14 +354,39 @@ def decode_tree(
     ]
 
 
+def trainer_generation_config(trainer) -> GenerationConfig:
+    """The sampling settings of a ``GRPOTrainer``: its ``generation_config``, or, when it generates with vLLM (TRL
+    then builds none), the same settings from its arguments."""
+    config = getattr(trainer, "generation_config", None)
+    if config is not None:
+        return config
+    settings = {"temperature": trainer.temperature, "top_p": trainer.top_p, "top_k": trainer.top_k,
+                "min_p": trainer.min_p, "repetition_penalty": trainer.repetition_penalty}  # fmt: skip
+    return GenerationConfig(do_sample=True, **settings, **(trainer.args.generation_kwargs or {}))
+
+
 @contextmanager
-def policy_for_generation(trainer) -> Iterator[PreTrainedModel]:
-    """The trainer's current policy, unwrapped for generation (DDP, DeepSpeed ZeRO-3 gather) and in eval mode.
+def policy_for_generation(trainer) -> Iterator[Any]:
+    """The trainer's current policy, unwrapped for generation (DDP, DeepSpeed ZeRO-3 gather) and in eval mode; with
+    ``use_vllm``, a :class:`recruit_trl.models.vllm_engine.VLLMPolicy` on TRL's colocated engine (TRL pushes the
+    weights into it before it calls the rollout).
 
     TRL does not switch modes around a custom rollout: without ``eval()`` LoRA dropout would be active while
     sampling. The previous mode is restored afterwards.
     """
     from trl.models import unwrap_model_for_generation
+
+    if getattr(trainer, "use_vllm", False):
+        from recruit_trl.models.vllm_engine import VLLMPolicy
+
+        generator = trainer.vllm_generation
+        if generator.mode != "colocate":
+            raise NotImplementedError(
+                "recruit_trl's rollouts generate through vLLM in colocate mode (vllm_mode='colocate'); server mode "
+                "serves TRL's own generation only"
+            )
+        yield VLLMPolicy(generator.llm)
+        return
 
     with unwrap_model_for_generation(
         trainer.model_wrapped,

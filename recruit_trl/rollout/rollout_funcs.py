@@ -51,7 +51,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from recruit_trl.contracts import ParsedAction, answer_texts, build_messages, digest, parse_action
-from recruit_trl.models.generation import LEGAL_FIELD, answer_token_ids, encode_prompt, policy_for_generation, sample
+from recruit_trl.models.generation import (
+    LEGAL_FIELD,
+    answer_token_ids,
+    encode_prompt,
+    policy_for_generation,
+    sample,
+    trainer_generation_config,
+)
 from recruit_trl.protocol import (
     Action,
     EnvInterface,
@@ -192,11 +199,9 @@ class _RolloutBase:
             ids, logps = sample(
                 model, tokenizer, prompt_ids, generation_config, n_tokens, allowed=allowed, legal=legal
             )
-        elif getattr(trainer, "use_vllm", False):
-            raise NotImplementedError("recruit_trl rollouts generate with transformers; set use_vllm=False.")
         else:
             with policy_for_generation(trainer) as policy:
-                config = generation_config or trainer.generation_config
+                config = generation_config or trainer_generation_config(trainer)
                 ids, logps = sample(policy, tokenizer, prompt_ids, config, n_tokens, allowed=allowed, legal=legal)
         return ids, logps, legal
 

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from recruit_trl.protocol import FALLBACK_POLICY, EnvInterface, get_env_interface
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.rollout.anchors import MODEL_PREFIX
@@ -386,6 +388,30 @@ def check_env_values(args: Any, warm: WarmStartArguments, interface: EnvInterfac
     check_policy("teacher", warm.teacher, interface)
 
 
+def check_vllm_arguments(training_args: Any, model_args: Any) -> None:
+    """With ``--use_vllm true``: vLLM installed and importable, and on a machine without a GPU the settings its CPU
+    build runs (one process, colocated, no 4-bit weights; :mod:`recruit_trl.training.vllm_colocate`).
+
+    Raises:
+        ImportError: vLLM missing or broken, with the command that installs or repairs it.
+        ValueError: one line naming the flag and what it takes.
+    """
+    if not training_args.use_vllm:
+        return
+    from recruit_trl.models.vllm_engine import require_vllm
+
+    require_vllm()
+    if torch.cuda.is_available():
+        return
+    if training_args.vllm_mode != "colocate":
+        raise ValueError("--vllm_mode server syncs weights over NCCL, which needs CUDA; without a GPU use "
+                         "--vllm_mode colocate")  # fmt: skip
+    if training_args.world_size > 1:
+        raise ValueError("--use_vllm without a GPU runs one process (each would start its own engine): launch one")
+    if getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False):
+        raise ValueError("--use_vllm without a GPU does not load quantised models: drop --load_in_4bit/--load_in_8bit")
+
+
 def check_quantised_training(model_args: Any, full_finetune: bool | None, flags: str) -> None:
     """Refuse to fine-tune every weight of a quantised model (``--load_in_4bit`` / ``--load_in_8bit``): its frozen
     integer weights train only through a LoRA adapter. ``full_finetune`` is what ``flags`` asked for."""
@@ -451,8 +477,7 @@ def check_rl_arguments(
         raise ValueError(f"--reward_weights {weights} must give one weight per --reward_funcs "
                          f"{script_args.reward_funcs}")  # fmt: skip
     check_value("temperature", training_args.temperature, training_args.temperature > 0, "> 0 (GRPO samples)")
-    if training_args.use_vllm:
-        raise ValueError("--use_vllm: recruit_trl rollouts generate with transformers; vLLM is not supported")
+    check_vllm_arguments(training_args, model_args)
     check_constrained_sampling(script_args, training_args)
     check_quantised_training(model_args, script_args.sft_full_finetune, "--sft_full_finetune true")
     check_quantised_training(model_args, script_args.rl_full_finetune, "--rl_full_finetune true")

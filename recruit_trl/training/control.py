@@ -26,6 +26,7 @@ from recruit_trl.training.episode_trainer import episode_trainer
 from recruit_trl.training.legal_logprobs import legal_trainer
 from recruit_trl.training.length_batches import length_sorted_trainer
 from recruit_trl.training.trl_api import check_trl_private_api
+from recruit_trl.training.vllm_colocate import VLLMOnCPU
 
 check_trl_private_api()  # the mixins below override TRL's private methods: refuse a TRL whose signatures changed
 
@@ -78,8 +79,11 @@ def rl_trainer_class(trainer_cls: type, mode: str, shuffle_advantages: bool, con
     """The trainer class of an RL run: ``trainer_cls`` with micro-batches of similar prompt lengths, on the
     log-probabilities of the legal tokens when the rollouts decode ``constrained``, trained on the rows' own advantages
     in episode mode, the advantages centred over the rows trained, and permuted among the rows when
-    ``shuffle_advantages`` (the control)."""
+    ``shuffle_advantages`` (the control); with ``use_vllm`` and no GPU, TRL's vLLM generator is the CPU one
+    (:mod:`recruit_trl.training.vllm_colocate`)."""
     trainer_cls = length_sorted_trainer(trainer_cls)
+    if not issubclass(trainer_cls, VLLMOnCPU):  # TRL's vLLM generator made to work on CPU (use_vllm)
+        trainer_cls = type(trainer_cls.__name__, (VLLMOnCPU, trainer_cls), {})
     if constrained:
         trainer_cls = legal_trainer(trainer_cls)
     if mode == "episode":

@@ -58,6 +58,28 @@ TRL_PRIVATE_API = (
         "trl", "SFTTrainer._get_train_sampler", "(self, train_dataset)",
         "overridden by training.warm_start.WarmStartSFTTrainer",
     ),
+    # Without a GPU, training.vllm_colocate replaces the engine's set-up and the weight sync of TRL's vLLM generator,
+    # and patches the name GRPOTrainer builds it by.
+    PrivateMethod(
+        "trl.generation.vllm_generation", "VLLMGeneration._init_vllm", "(self)",
+        "overridden by training.vllm_colocate.CPUColocateGeneration",
+    ),
+    PrivateMethod(
+        "trl.generation.vllm_generation", "VLLMGeneration.sync_weights", "(self)",
+        "overridden by training.vllm_colocate.CPUColocateGeneration",
+    ),
+    PrivateMethod(
+        "trl.generation.vllm_generation", "VLLMGeneration._iter_named_params", "(self)",
+        "called by training.vllm_colocate.CPUColocateGeneration.sync_weights",
+    ),
+    PrivateMethod(
+        "trl.trainer.grpo_trainer", "VLLMGeneration", "(model, accelerator, processing_class, mode, "
+        "structured_outputs_regex, server_base_url, server_host, server_port, server_timeout, group_port, "
+        "tensor_parallel_size, gpu_memory_utilization, max_model_length, max_num_seqs, enable_sleep_mode, model_impl, "
+        "trust_remote_code, repetition_penalty, temperature, top_p, top_k, min_p, max_completion_length, logprobs, "
+        "generation_kwargs)",
+        "replaced by training.vllm_colocate.cpu_vllm_generation while a trainer is built without a GPU",
+    ),
     PrivateMethod("trl.trainer.utils", "shuffle_sequence_dict", "(seq_dict)", "called by training.length_batches"),
     PrivateMethod(
         "trl.trainer.utils", "split_tensor_dict", "(tensor_dict, num_chunks)", "called by training.length_batches"
