@@ -15,8 +15,9 @@ environment's share of rollout time, environment steps per sample, and the fract
 ``--compare_baseline`` first runs the same steps on the baseline's paths (:func:`baseline_paths`: constrained
 decoding through ``generate``, one model pass per answer token, instead of the tree walk of
 :func:`recruit_trl.models.generation.decode_tree`; TRL's random micro-batches instead of
-:mod:`recruit_trl.training.length_batches`), then the current paths, and reports both and their ``ratio`` (current
-over baseline) for decisions played and trained per second. ``--profile`` adds where each step's seconds go
+:mod:`recruit_trl.training.length_batches`; with ``--use_vllm true``, the same paths generating with transformers
+instead of vLLM), then the current paths, and reports both and their ``ratio`` (current over baseline) for decisions
+played and trained per second. ``--profile`` adds where each step's seconds go
 (:mod:`recruit_trl.profiling`), for both runs with ``--compare_baseline``.
 """
 
@@ -223,7 +224,16 @@ def main(argv: list[str] | None = None) -> int:
             ["--output_dir", out_dir, "--save_strategy", "no", *argv]
         )
         baseline, baseline_shares = None, None
-        if bench.compare_baseline:
+        if bench.compare_baseline and training_args.use_vllm:
+            described = "the same paths generating with transformers"
+            training_args.use_vllm = False
+            try:
+                trainer, baseline_shares = run(bench, script_args, training_args, model_args)
+            finally:
+                training_args.use_vllm = True
+            baseline = summarize(trainer.state.log_history)
+        elif bench.compare_baseline:
+            described = "decoding through generate, TRL's micro-batches"
             with baseline_paths():
                 trainer, baseline_shares = run(bench, script_args, training_args, model_args)
             baseline = summarize(trainer.state.log_history)
@@ -242,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             "horizon": script_args.horizon,
             "window_turns": script_args.window_turns if script_args.mode == "window" else None,
             "contract": script_args.contract,
+            "constrained_decoding": script_args.constrained_decoding,
+            "use_vllm": training_args.use_vllm,
             "wall_seconds": round(wall, 1),
         },
         "machine": {"python": platform.python_version(), "processor": platform.machine()},
@@ -256,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             name: round(figures[name] / baseline[name], 2) if figures[name] and baseline[name] else None
             for name in (*RATES, "seconds_per_step", "rollout_seconds")
         }
-        print(f"baseline (decoding through generate, TRL's micro-batches): {baseline}")
+        report["baseline_paths"] = described
+        print(f"baseline ({described}): {baseline}")
         print(f"ratio (current / baseline): {report['ratio']}")
     width = max(len(k) for k in report["figures"])
     for key, value in report["figures"].items():

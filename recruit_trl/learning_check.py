@@ -74,7 +74,7 @@ from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments
 from recruit_trl.training.model_setup import model_init_kwargs, run_tasks, setup_run
-from recruit_trl.training.run_report import eval_workers, rl_finished
+from recruit_trl.training.run_report import eval_backend, rl_finished
 from recruit_trl.versions import code_commit, versions
 
 # The two arms and the --shuffle_advantages value each runs with.
@@ -404,7 +404,7 @@ def make_plan(
         recent_k=script_args.recent_k,
         constrained=script_args.eval_constrained,
         model_loading=loading_config(model_args),  # the models are evaluated loaded as they were trained
-        workers=eval_workers(script_args),
+        **eval_backend(script_args, training_args),
     )
     return Plan(
         recipe=path,

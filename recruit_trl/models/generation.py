@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -122,9 +120,7 @@ def sample(
         RuntimeError: with ``allowed``, when a sampled token lies outside the legal set of its position
             (:func:`check_in_legal_sets`).
     """
-    from recruit_trl.models.vllm_engine import VLLMPolicy
-
-    if isinstance(model, VLLMPolicy):
+    if getattr(model, "samples_itself", False):  # a VLLMPolicy (recruit_trl.models.vllm_engine imports this module)
         return model.sample(tokenizer, prompt_ids, generation_config, max_new_tokens, allowed, unchanged, legal)
     config = copy.deepcopy(generation_config)
     config.max_new_tokens = max_new_tokens
@@ -352,53 +348,3 @@ def decode_tree(
     return [
         (ids[r], logps[r], legal[r], own[r][: len(ids[r])] == ids[r] if check_unchanged else None) for r in range(n)
     ]
-
-
-def trainer_generation_config(trainer) -> GenerationConfig:
-    """The sampling settings of a ``GRPOTrainer``: its ``generation_config``, or, when it generates with vLLM (TRL
-    then builds none), the same settings from its arguments."""
-    config = getattr(trainer, "generation_config", None)
-    if config is not None:
-        return config
-    settings = {"temperature": trainer.temperature, "top_p": trainer.top_p, "top_k": trainer.top_k,
-                "min_p": trainer.min_p, "repetition_penalty": trainer.repetition_penalty}  # fmt: skip
-    return GenerationConfig(do_sample=True, **settings, **(trainer.args.generation_kwargs or {}))
-
-
-@contextmanager
-def policy_for_generation(trainer) -> Iterator[Any]:
-    """The trainer's current policy, unwrapped for generation (DDP, DeepSpeed ZeRO-3 gather) and in eval mode; with
-    ``use_vllm``, a :class:`recruit_trl.models.vllm_engine.VLLMPolicy` on TRL's colocated engine (TRL pushes the
-    weights into it before it calls the rollout).
-
-    TRL does not switch modes around a custom rollout: without ``eval()`` LoRA dropout would be active while
-    sampling. The previous mode is restored afterwards.
-    """
-    from trl.models import unwrap_model_for_generation
-
-    if getattr(trainer, "use_vllm", False):
-        from recruit_trl.models.vllm_engine import VLLMPolicy
-
-        generator = trainer.vllm_generation
-        if generator.mode != "colocate":
-            raise NotImplementedError(
-                "recruit_trl's rollouts generate through vLLM in colocate mode (vllm_mode='colocate'); server mode "
-                "serves TRL's own generation only"
-            )
-        yield VLLMPolicy(generator.llm)
-        return
-
-    with unwrap_model_for_generation(
-        trainer.model_wrapped,
-        trainer.accelerator,
-        gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-        generation_kwargs=getattr(trainer, "generation_kwargs", None),
-        gradient_checkpointing_kwargs=trainer.args.activation_checkpointing_kwargs,  # TRL 1.16 keeps the old name
-    ) as model:
-        was_training = model.training
-        model.eval()
-        try:
-            yield model
-        finally:
-            if was_training:
-                model.train()

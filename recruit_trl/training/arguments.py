@@ -24,8 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from recruit_trl.protocol import FALLBACK_POLICY, EnvInterface, get_env_interface
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.rollout.anchors import MODEL_PREFIX
@@ -398,6 +396,8 @@ def check_vllm_arguments(training_args: Any, model_args: Any) -> None:
     """
     if not training_args.use_vllm:
         return
+    import torch
+
     from recruit_trl.models.vllm_engine import require_vllm
 
     require_vllm()

@@ -53,7 +53,7 @@ def report_runs(
         contract=script_args.contract,
         recent_k=script_args.recent_k,
         constrained=script_args.eval_constrained,
-        workers=eval_workers(script_args),
+        **eval_backend(script_args, training_args),
     )
     runs = []
     for label, policy in policies.items():
@@ -62,6 +62,14 @@ def report_runs(
             sampled = replace(config, temperature=script_args.eval_temperature, top_p=script_args.eval_top_p)
             runs.append((f"{label}-sampled", policy, sampled))
     return [(label, policy, cfg, out / "eval" / f"{label}.json") for label, policy, cfg in runs]
+
+
+def eval_backend(script_args, training_args) -> dict[str, Any]:
+    """How the models' episodes are played: through vLLM in this process when the run generates with it
+    (``--use_vllm``), else with transformers in :func:`eval_workers` processes."""
+    if training_args.use_vllm:
+        return {"backend": "vllm", "workers": 1}
+    return {"backend": "transformers", "workers": eval_workers(script_args)}
 
 
 def eval_workers(script_args) -> int:

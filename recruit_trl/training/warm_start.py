@@ -316,8 +316,11 @@ def run_warm_start(
     budget.
     """
     full = full_finetune(script_args.sft_full_finetune, model_args, setup.model_path)
-    # activation_checkpointing, not its deprecated alias gradient_checkpointing: a config given the old name warns
-    shared = ("seed", "bf16", "fp16", "use_cpu", "activation_checkpointing", "model_init_kwargs")
+    # activation_checkpointing, not its deprecated alias gradient_checkpointing (a config given the old name warns),
+    # where transformers has it (not before 5.18, which vLLM's CPU build pins)
+    names = ("activation_checkpointing", "gradient_checkpointing")
+    checkpointing = next(name for name in names if hasattr(training_args, name))
+    shared = ("seed", "bf16", "fp16", "use_cpu", checkpointing, "model_init_kwargs")
     sft_config = SFTConfig(
         **{
             **sft_defaults(),
