@@ -44,12 +44,12 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def engine(warm_model):
-    from recruit_trl.models.vllm_engine import VLLMPolicy, shutdown_engine, start_engine
+    """The process's engine holding the warm model's weights (started, or reloaded after another test's push)."""
+    from recruit_trl.models.vllm_engine import policy_from_folder
 
-    yield VLLMPolicy(start_engine(warm_model))
-    shutdown_engine()
+    return policy_from_folder(warm_model)[0]
 
 
 def prompts_of(env: str, tokenizer, limit: int = 320) -> tuple[list[list[int]], list[list[list[int]]]]:
@@ -205,3 +205,28 @@ def test_evaluation_on_vllm_plays_the_episodes_transformers_plays(env, warm_mode
     assert len(engines) == 1 and vllm_engine._ENGINE["weights"] == warm_model
     vllm_engine.shutdown_engine()
     assert not vllm_engine._ENGINE and not psutil.Process().children(recursive=True)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_the_per_branch_path_samples_as_the_answer_tree_processor(greedy, warm_model, engine, monkeypatch):
+    """On an engine without the answer-tree processor (TRL's own, on GPUs) constrained decoding asks one token per
+    branch with ``allowed_token_ids``: the same answers, legal sets and log-probabilities as the one-call path (a
+    seeded sampled run draws other numbers on the two paths, so it is compared on its log-probabilities only)."""
+    _, tokenizer = load_for_inference(warm_model)
+    prompts, allowed = prompts_of("conquest", tokenizer, limit=64)
+    config = GenerationConfig(do_sample=not greedy, temperature=None if greedy else 0.8, top_k=None, top_p=None)
+    results = []
+    for one_call in (True, False):
+        monkeypatch.setattr(engine.llm, "recruit_trl_answer_trees", one_call, raising=False)
+        legal: list = []
+        torch.manual_seed(0)
+        ids, logps = sample(engine, tokenizer, prompts, config, 12, allowed=allowed, legal=legal)
+        results.append((ids, logps, legal))
+    (ids, logps, legal), (ref_ids, ref_logps, ref_legal) = results
+    if greedy:
+        assert ids == ref_ids and legal == ref_legal
+        for mine, ref in zip(logps, ref_logps, strict=True):
+            assert mine == pytest.approx(ref, abs=1e-5)
+    else:  # each path's log-probabilities are those of the legal distribution (test above): here, well-formed
+        assert all(len(a) == len(b) for a, b in zip(ids, logps, strict=True))
+        assert all(p <= 1e-6 for row in logps + ref_logps for p in row)

