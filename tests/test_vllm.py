@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 from recipe_files import load_recipe
+from test_tree_decoding import states
 from transformers import GenerationConfig
 
 from recruit_trl.contracts import answer_texts, build_messages
@@ -21,26 +22,9 @@ from recruit_trl.protocol import get_env_interface
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 
 
-def states(env: str, tasks: list[str], seeds: range, every: int) -> list[tuple[dict, list]]:
-    """(observation, candidates) every ``every`` decisions of the fallback agent's episodes."""
-    interface = get_env_interface(env)
-    out = []
-    for task in tasks:
-        for seed in seeds:
-            env_ = interface.make_env(task)
-            obs, _ = env_.reset(seed=seed)
-            for day in range(10_000):
-                if day % every == 0:
-                    out.append((obs, interface.candidate_actions(obs)))
-                obs, _, terminated, truncated, _ = env_.step(interface.fallback_action(obs))
-                if terminated or truncated:
-                    break
-    return out
-
-
 CASES = {
-    "clinical": lambda: states("clinical", ["easy_bench", "medium_bench", "hard_bench"], range(3), 3),
-    "conquest": lambda: states("conquest", ["duel"], range(10), 1),
+    "clinical": lambda: states("clinical", ["easy_bench", "medium_bench", "hard_bench"], range(3), 170, 3),
+    "conquest": lambda: states("conquest", ["duel"], range(10), 1000, 1),
 }
 
 

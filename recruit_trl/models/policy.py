@@ -28,9 +28,8 @@ def checkpointing_kwargs(args) -> dict | None:
 def trainer_generation_config(trainer) -> GenerationConfig:
     """The sampling settings of a ``GRPOTrainer``: its ``generation_config``, or, when it generates with vLLM (TRL
     then builds none), the same settings from its arguments."""
-    config = getattr(trainer, "generation_config", None)
-    if config is not None:
-        return config
+    if hasattr(trainer, "generation_config"):
+        return trainer.generation_config
     settings = {"temperature": trainer.temperature, "top_p": trainer.top_p, "top_k": trainer.top_k,
                 "min_p": trainer.min_p, "repetition_penalty": trainer.repetition_penalty}  # fmt: skip
     return GenerationConfig(do_sample=True, **settings, **(trainer.args.generation_kwargs or {}))
