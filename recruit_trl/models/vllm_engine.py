@@ -78,6 +78,22 @@ def require_vllm() -> None:
         raise
 
 
+def check_cpu_settings(mode: str, processes: int, quantised: bool) -> None:
+    """Refuse, without a GPU, what vLLM's CPU build does not run here: server mode (its weight sync uses NCCL), more
+    than one process (each would start an engine of its own), bitsandbytes-quantised weights.
+
+    Raises:
+        ValueError: one line naming the flag and what it takes.
+    """
+    if mode != "colocate":
+        raise ValueError("--vllm_mode server syncs weights over NCCL, which needs CUDA; without a GPU use "
+                         "--vllm_mode colocate")  # fmt: skip
+    if processes > 1:
+        raise ValueError("--use_vllm without a GPU runs one process (each would start its own engine): launch one")
+    if quantised:
+        raise ValueError("--use_vllm without a GPU does not load quantised models: drop --load_in_4bit/--load_in_8bit")
+
+
 def checkpoint_dtype(model_path: str | Path) -> str:
     """The dtype a checkpoint's config names (``"auto"`` when it names none)."""
     config = Path(model_path) / "config.json"
@@ -193,10 +209,7 @@ def policy_from_folder(path: str | Path, loading: dict[str, Any] | None = None):
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    fresh = _ENGINE.get("model") != str(base)
-    llm = start_engine(base, dtype=dtype)
-    if fresh:
-        _ENGINE["weights"] = str(base)
+    llm = start_engine(base, dtype=dtype)  # a new engine holds the base's weights; a running one what it was given
     if _ENGINE.get("weights") != str(path):
         push_weights(llm, model.state_dict().items(), label=str(path))
     return VLLMPolicy(llm), tokenizer

@@ -398,18 +398,12 @@ def check_vllm_arguments(training_args: Any, model_args: Any) -> None:
         return
     import torch
 
-    from recruit_trl.models.vllm_engine import require_vllm
+    from recruit_trl.models.vllm_engine import check_cpu_settings, require_vllm
 
     require_vllm()
-    if torch.cuda.is_available():
-        return
-    if training_args.vllm_mode != "colocate":
-        raise ValueError("--vllm_mode server syncs weights over NCCL, which needs CUDA; without a GPU use "
-                         "--vllm_mode colocate")  # fmt: skip
-    if training_args.world_size > 1:
-        raise ValueError("--use_vllm without a GPU runs one process (each would start its own engine): launch one")
-    if getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False):
-        raise ValueError("--use_vllm without a GPU does not load quantised models: drop --load_in_4bit/--load_in_8bit")
+    if not torch.cuda.is_available():
+        quantised = getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False)
+        check_cpu_settings(training_args.vllm_mode, training_args.world_size, quantised)
 
 
 def check_quantised_training(model_args: Any, full_finetune: bool | None, flags: str) -> None:

@@ -23,21 +23,15 @@ from collections.abc import Iterator
 import torch
 from trl.generation.vllm_generation import VLLMGeneration
 
-from recruit_trl.models.vllm_engine import push_weights, start_engine
+from recruit_trl.models.vllm_engine import check_cpu_settings, push_weights, start_engine
 
 
 class CPUColocateGeneration(VLLMGeneration):
     """``VLLMGeneration`` for a process without a GPU (see the module docstring)."""
 
     def _init_vllm(self):
-        if self.mode != "colocate":
-            raise ValueError(
-                "vllm_mode='server' syncs weights over NCCL, which needs CUDA; without a GPU use vllm_mode='colocate'"
-            )
-        if self.accelerator.num_processes > 1:
-            raise ValueError("use_vllm on CPU runs one process (each would start an engine of its own); launch one")
-        if any(getattr(p, "quant_state", None) is not None for p in self.model.parameters()):
-            raise ValueError("use_vllm on CPU does not load 4-bit models: drop --load_in_4bit or --use_vllm")
+        quantised = any(getattr(p, "quant_state", None) is not None for p in self.model.parameters())
+        check_cpu_settings(self.mode, self.accelerator.num_processes, quantised)
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         self.llm = start_engine(
             self.model.name_or_path,
