@@ -19,7 +19,7 @@ import inspect
 from collections.abc import Sequence
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import Cache, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 
 def eos_ids(tokenizer: PreTrainedTokenizerBase, generation_config: GenerationConfig | None = None) -> set[int]:
@@ -170,6 +170,64 @@ def check_in_legal_sets(row: int, completion: Sequence[int], legal: Sequence[Seq
             )
 
 
+def distinct_rows(rows: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct token lists of ``rows``, and for each row which of them it is, so a batch can run each once.
+
+    In a GRPO rollout every prompt comes ``num_generations`` times: :func:`decode_tree` and :func:`generate_batch`
+    prefill each distinct prompt once and copy its KV cache to the rows that share it (:func:`share_rows`). A
+    benchmark measures the per-row path by replacing this function with the identity (``list(range(len(rows)))`` as
+    the index). The lists are told apart by their tokens (a dict keyed on tuples keeps them in order).
+
+    Returns:
+        ``(distinct, index)``: the distinct lists in the order they first appear, and per row the position of its
+        list in ``distinct``.
+    """
+    positions: dict[tuple[int, ...], int] = {}
+    index = [positions.setdefault(tuple(row), len(positions)) for row in rows]
+    return [list(row) for row in positions], index
+
+
+def share_rows(cache: Cache, index: Sequence[int]) -> Cache:
+    """``cache``, changed in place, with one batch row per entry of ``index``: row ``i`` a copy of its row
+    ``index[i]``.
+
+    Through the public ``reorder_cache`` (an ``index_select`` on the batch dimension of every layer, as beam search
+    uses it): every cache layer of transformers 5 has it, recurrent states included, which ``batch_select_indices``
+    leaves out.
+    """
+    cache.reorder_cache(torch.tensor(index, dtype=torch.long))
+    return cache
+
+
+def left_pad(rows: Sequence[Sequence[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` as a ``(len(rows), width)`` batch of token ids, right-aligned after ``pad_id`` tokens, and its
+    attention mask (1 on the tokens, 0 on the padding)."""
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, row in enumerate(rows):
+        ids[r, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        mask[r, width - len(row) :] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def prefill(model: PreTrainedModel, rows: Sequence[Sequence[int]], width: int, pad_id: int) -> Cache:
+    """The KV cache of one forward pass over ``rows``, left-padded to ``width``.
+
+    The positions count each row's tokens from 0, as ``generate`` numbers a left-padded prompt (the padding is
+    masked); the logits are computed at the last position only, and not used.
+    """
+    ids, mask = left_pad(rows, width, pad_id)
+    device = next(model.parameters()).device
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache_name = cache_argument(model)
+    out = model(
+        input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+        use_cache=True, logits_to_keep=1, **{cache_name: None},
+    )  # fmt: skip
+    return getattr(out, cache_name)
+
+
 @torch.no_grad()
 def generate_batch(
     model: PreTrainedModel,
@@ -181,24 +239,32 @@ def generate_batch(
     check_unchanged: bool = False,
 ) -> list[Decoded]:
     """One left-padded ``model.generate`` call; with ``trees``, constrained by ``prefix_allowed_tokens_fn`` (the
-    reference :func:`decode_tree` is checked against)."""
+    reference :func:`decode_tree` is checked against).
+
+    Rows that repeat a prompt (a GRPO group's samples) share its prefill: every prompt but its last token runs once
+    per distinct prompt (:func:`distinct_rows`, :func:`prefill`), the KV cache is copied to the rows sharing it, and
+    ``generate`` gets the full prompts with that cache, so it feeds only the last token before decoding. When all
+    prompts differ, ``generate`` prefills as usual.
+    """
     config = copy.deepcopy(config)
     config.output_scores = True
     config.return_dict_in_generate = True
     config.output_logits = check_unchanged  # the unprocessed logits: the model's own greedy choice
     device = next(model.parameters()).device
     width = max(len(p) for p in batch)
-    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(batch), width), dtype=torch.long)
-    for row, ids in enumerate(batch):
-        input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-        attention[row, width - len(ids) :] = 1
+    input_ids, attention = left_pad(batch, width, pad_id)
+    shared = {}
+    heads, index = distinct_rows([ids[:-1] for ids in batch])  # the rows are all left-padded to end together
+    if len(heads) < len(batch) and width > 1:
+        # generate's first forward then computes the logits of the last prompt token, as in its own prefill
+        shared[cache_argument(model)] = share_rows(prefill(model, heads, width - 1, pad_id), index)
     constraint = _allowed_tokens_fn(trees, width, pad_id) if trees is not None else None
     out = model.generate(
         input_ids=input_ids.to(device),
         attention_mask=attention.to(device),
         generation_config=config,
         prefix_allowed_tokens_fn=constraint,
+        **shared,
     )
     new = out.sequences[:, width:].cpu()
     token_logps = torch.stack(
@@ -269,6 +335,11 @@ def decode_tree(
     ``generate`` would (:func:`_choose`). For the index contract that is one pass per digit plus one for the end
     token, instead of one per answer token. With ``check_unchanged`` every forced token is fed too, so the model's
     own (unconstrained) greedy choice is known at every position.
+
+    Rows whose first feed is the same (a prompt repeated with the same tree, as a GRPO group's samples are) share the
+    first pass: it runs on the distinct feeds only (:func:`distinct_rows`), and its KV cache, attention mask and logits
+    are then copied to every row, which goes on alone from there. When all feeds differ, the pass is the same as
+    without sharing.
     """
     device = next(model.parameters()).device
     n = len(batch)
@@ -292,7 +363,7 @@ def decode_tree(
 
     for r in range(n):
         advance(r)
-    mask = torch.zeros((n, 0), dtype=torch.long)
+    mask = torch.zeros((n, 0), dtype=torch.long)  # the attention mask of everything fed so far
     cache, cache_name = None, cache_argument(model)
     first = True
     while True:
@@ -307,14 +378,18 @@ def decode_tree(
                 feeds.append([])
         if not any(feeds):
             break
-        width = max(len(f) for f in feeds)
-        chunk = torch.full((n, width), pad_id, dtype=torch.long)
-        new_mask = torch.zeros((n, width), dtype=torch.long)
-        for r, feed in enumerate(feeds):
-            if feed:
-                chunk[r, width - len(feed) :] = torch.tensor(feed, dtype=torch.long)
-                new_mask[r, width - len(feed) :] = 1
-        mask = torch.cat([mask, new_mask], dim=1)
+        # the first pass runs each distinct feed once (a GRPO group's samples share the prompt and forced prefix):
+        # ``fed`` are the rows through the model, ``index`` (when some are shared) says which one each row reads
+        fed, index = feeds, None
+        if first:
+            distinct, index = distinct_rows(feeds)
+            if len(distinct) < n:
+                fed = distinct
+            else:
+                index = None
+        width = max(len(f) for f in fed)
+        chunk, new_mask = left_pad(fed, width, pad_id)
+        mask = new_mask if first else torch.cat([mask, new_mask], dim=1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -width:]
         # the positions that predict completion tokens, each row's last ones (feeds are right-aligned): when checking,
         # in the first pass the prompt's last and every forced token, later every token fed; else the last one only
@@ -329,6 +404,8 @@ def decode_tree(
         )  # fmt: skip
         cache = getattr(out, cache_name)
         logits = out.logits[:, -keep:].float().cpu()
+        if index is not None:  # back to one row per sample
+            cache, logits, mask = share_rows(cache, index), logits[index], mask[index]
         for r, feed in enumerate(feeds):
             if not feed:
                 continue
