@@ -12,13 +12,12 @@ seconds per optimizer step, decisions the policy played and decisions trained on
 call per optimizer step, TRL's default), generated tokens per environment decision, prompt tokens per decision, the
 environment's share of rollout time, environment steps per sample, and the fraction of zero-variance groups.
 
-``--compare_baseline`` first runs the same steps on the baseline's paths (:func:`baseline_paths`: constrained
-decoding through ``generate``, one model pass per answer token, instead of the tree walk of
-:func:`recruit_trl.models.generation.decode_tree`; TRL's random micro-batches instead of
-:mod:`recruit_trl.training.length_batches`; with ``--use_vllm true``, the same paths generating with transformers
-instead of vLLM), then the current paths, and reports both and their ``ratio`` (current over baseline) for decisions
-played and trained per second. ``--profile`` adds where each step's seconds go
-(:mod:`recruit_trl.profiling`), for both runs with ``--compare_baseline``.
+``--compare_baseline`` first runs the same steps on the baseline's paths (:func:`baseline_paths`: every row of a
+GRPO group scored on its own in the trainer's passes and prefilled on its own in the rollouts, instead of the packed
+groups of :mod:`recruit_trl.training.packed_groups` and the shared prefill of :mod:`recruit_trl.models.generation`;
+with ``--use_vllm true``, the same paths generating with transformers instead of vLLM), then the current paths, and
+reports both and their ``ratio`` (current over baseline) for decisions played and trained per second. ``--profile``
+adds where each step's seconds go (:mod:`recruit_trl.profiling`), for both runs with ``--compare_baseline``.
 """
 
 from __future__ import annotations
@@ -66,8 +65,8 @@ class BenchArguments:
     )  # fmt: skip
     compare_baseline: bool = field(
         default=False,
-        metadata={"help": "Run the steps twice, first on the baseline's paths (constrained decoding through generate, "
-                  "TRL's random micro-batches), and report both and their ratio."},
+        metadata={"help": "Run the steps twice, first on the baseline's paths (each row of a group scored and "
+                  "prefilled on its own), and report both and their ratio."},
     )  # fmt: skip
 
 
@@ -94,38 +93,25 @@ def summarize(log_history: list[dict]) -> dict:
 
 @contextmanager
 def baseline_paths():
-    """The paths the baseline runs: constrained decoding through ``generate`` with ``prefix_allowed_tokens_fn`` (one
-    pass per answer token) and TRL's own split of a generation batch into micro-batches (shuffled rows, every
-    micro-batch as wide as the batch's longest prompt)."""
+    """The paths the baseline runs: every row on its own, in the trainer's passes (no packed groups:
+    :mod:`recruit_trl.training.packed_groups`) and in the rollouts' prefill (each row's prompt through the model,
+    :func:`recruit_trl.models.generation.distinct_rows` made the identity)."""
     import recruit_trl.models.generation as generation  # torch: imported when the benchmark runs
-    from recruit_trl.training.length_batches import LengthSortedBatches
+    from recruit_trl.training.packed_groups import PackedGroups
 
-    tree_walk, sorted_split = generation.decode_tree, LengthSortedBatches._prepare_inputs
+    packed, distinct = PackedGroups._get_per_token_logps_and_entropies, generation.distinct_rows
 
-    def through_generate(model, batch, trees, config, pad_id, check_unchanged=False):
-        ends = {tok for tree in trees for tok in _leaf_tokens(tree)}
-        return generation.generate_batch(model, batch, config, ends, pad_id, trees, check_unchanged)
+    def unpacked(self, *args, **kwargs):
+        return super(PackedGroups, self)._get_per_token_logps_and_entropies(*args, **kwargs)
 
-    def trl_split(self, generation_batch):
-        return super(LengthSortedBatches, self)._prepare_inputs(generation_batch)
+    def every_row(rows):
+        return list(rows), list(range(len(rows)))
 
-    generation.decode_tree, LengthSortedBatches._prepare_inputs = through_generate, trl_split
+    PackedGroups._get_per_token_logps_and_entropies, generation.distinct_rows = unpacked, every_row
     try:
         yield
     finally:
-        generation.decode_tree, LengthSortedBatches._prepare_inputs = tree_walk, sorted_split
-
-
-def _leaf_tokens(tree: dict) -> set[int]:
-    """The tokens that end an answer (their node has no children)."""
-    out, stack = set(), [tree]
-    while stack:
-        for tok, child in stack.pop().items():
-            if child:
-                stack.append(child)
-            else:
-                out.add(tok)
-    return out
+        PackedGroups._get_per_token_logps_and_entropies, generation.distinct_rows = packed, distinct
 
 
 def parse_args(argv: list[str] | None = None):
@@ -233,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                 training_args.use_vllm = True
             baseline = summarize(trainer.state.log_history)
         elif bench.compare_baseline:
-            described = "decoding through generate, TRL's micro-batches"
+            described = "each row of a group scored and prefilled on its own"
             with baseline_paths():
                 trainer, baseline_shares = run(bench, script_args, training_args, model_args)
             baseline = summarize(trainer.state.log_history)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from recruit_trl.evaluation import evaluate
@@ -104,8 +105,8 @@ class Profile:
                 mask = kwargs.get("attention_mask")
                 if mask is not None and share != "decode":
                     counts = self.tokens.setdefault(share, [0, 0])
-                    counts[0] += int(mask.sum())
-                    counts[1] += mask.numel()
+                    counts[0] += _attended_tokens(mask)
+                    counts[1] += mask.shape[0] * mask.shape[-1]
                 self.enter(share)
 
             def after(_module, _args, _kwargs, _output):
@@ -147,6 +148,16 @@ class Profile:
         out["other"] = max(0.0, wall - sum(out.values()))
         out["total"] = wall
         return {k: round(v, 3) for k, v in out.items() if v or k == "total"}
+
+
+def _attended_tokens(mask) -> int:
+    """The real (not padding) positions of a pass: the 1s of a 2D mask; with a 4D mask (packed groups:
+    :mod:`recruit_trl.training.packed_groups`, boolean or additive), the queries that see more than themselves plus
+    each sequence's first token (a padding query sees itself only, as does a sequence's first token)."""
+    if mask.dim() == 2:
+        return int(mask.sum())
+    visible = mask if mask.dtype == torch.bool else mask == 0
+    return int((visible.sum(-1) > 1).sum()) + mask.shape[0]
 
 
 def rollout_wraps(profile: Profile, rollout) -> None:

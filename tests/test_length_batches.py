@@ -4,13 +4,14 @@ for the same generation batch, for every loss type of TRL 1.16."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from recruit_trl.training.length_batches import length_sort_differs, length_sorted_split
+from recruit_trl.training.length_batches import LengthSortedBatches, length_sort_differs, length_sorted_split
 
 # Every loss_type TRL 1.16's GRPOConfig accepts.
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
@@ -41,6 +42,15 @@ def test_rows_are_split_by_prompt_length_and_each_micro_batch_is_as_wide_as_its_
     assert short["num_items_in_batch"] is batch["num_items_in_batch"] and short["old_per_token_logps"] is None
     with pytest.raises(ValueError, match="do not split into 3"):
         length_sorted_split(batch, 3)
+
+
+def test_the_rows_of_one_prompt_share_a_micro_batch():
+    # two prompts of one length, their rows interleaved (TRL's shuffle), and a shorter one: a GRPO group's rows stay
+    # together, so the packed trainer computes each prompt once
+    ids = torch.tensor([[0, 7, 8], [4, 5, 6], [1, 2, 3], [4, 5, 6], [1, 2, 3], [0, 7, 8]])
+    mask = torch.tensor([[0, 1, 1]] + [[1, 1, 1]] * 4 + [[0, 1, 1]])
+    short, first, second = length_sorted_split({"prompt_ids": ids, "prompt_mask": mask, "names": list("abcdef")}, 3)
+    assert short["names"] == ["a", "f"] and first["names"] == ["b", "d"] and second["names"] == ["c", "e"]
 
 
 def test_the_cut_keeps_prompt_widths_a_multiple_of_pad_to_multiple_of():
@@ -79,6 +89,18 @@ def test_settings_that_reduce_over_a_micro_batch_are_named(tmp_path):
     assert length_sort_differs(grpo_config(tmp_path, loss_type="new_loss")).startswith("loss_type='new_loss'")
 
 
+@contextlib.contextmanager
+def trl_split():
+    """TRL's own split of a generation batch (shuffled rows, every micro-batch as wide as the batch)."""
+
+    def split(self, generation_batch):
+        return super(LengthSortedBatches, self)._prepare_inputs(generation_batch)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LengthSortedBatches, "_prepare_inputs", split)
+        yield
+
+
 @pytest.fixture
 def keep_threads():
     threads = torch.get_num_threads()
@@ -105,7 +127,7 @@ def test_an_optimizer_step_gets_the_gradient_of_trls_split(warm_model, tmp_path,
         _, script_args, training_args, model_args = bench_rollout.parse_args(flags)
         grads, widths = {}, []
         if baseline:
-            with bench_rollout.baseline_paths():
+            with trl_split():
                 trainer, _ = bench_rollout.build(script_args, training_args, model_args)
         else:
             trainer, _ = bench_rollout.build(script_args, training_args, model_args)
@@ -128,7 +150,7 @@ def test_an_optimizer_step_gets_the_gradient_of_trls_split(warm_model, tmp_path,
         handle = register_optimizer_step_pre_hook(keep)
         try:
             if baseline:
-                with bench_rollout.baseline_paths():
+                with trl_split():
                     trainer.train()
             else:
                 trainer.train()

@@ -99,7 +99,7 @@ def test_the_benchmark_compares_the_current_paths_with_the_baselines_and_profile
     warm_model, tmp_path, monkeypatch
 ):
     from recruit_trl import bench_rollout
-    from recruit_trl.training.length_batches import LengthSortedBatches
+    from recruit_trl.training.packed_groups import PackedGroups
 
     flags = [
         "--steps", "2", "--model_name_or_path", warm_model, "--anchor_seeds", "100", "--anchor_days", "0-60:20",
@@ -112,14 +112,14 @@ def test_the_benchmark_compares_the_current_paths_with_the_baselines_and_profile
     def counting(*args):
         from recruit_trl.models import generation
 
-        calls.append((generation.decode_tree.__name__, LengthSortedBatches._prepare_inputs.__name__))
+        calls.append((PackedGroups._get_per_token_logps_and_entropies.__name__, generation.distinct_rows.__name__))
         return real(*args)
 
     monkeypatch.setattr(bench_rollout, "profiled_train", counting)
     argv = [*flags, "--constrained_decoding", "true", "--compare_baseline", "true", "--profile", "true"]
     assert bench_rollout.main([*argv, "--json", str(out)]) == 0
-    # the baseline first (decoding through generate, TRL's split), then the tree walk and the length-sorted split
-    assert calls == [("through_generate", "trl_split"), ("decode_tree", "_prepare_inputs")]
+    # the baseline first (every row scored and prefilled on its own), then the packed groups and the shared prefill
+    assert calls == [("unpacked", "every_row"), ("_get_per_token_logps_and_entropies", "distinct_rows")]
     report = json.loads(out.read_text())
     for profile in (report["profile"], report["baseline_profile"]):
         assert profile["seconds_per_step"]["total"] > 0 and profile["seconds_per_step"]["prefill"] > 0

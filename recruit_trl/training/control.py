@@ -25,6 +25,7 @@ import torch
 from recruit_trl.training.episode_trainer import episode_trainer
 from recruit_trl.training.legal_logprobs import legal_trainer
 from recruit_trl.training.length_batches import length_sorted_trainer
+from recruit_trl.training.packed_groups import packed_trainer
 from recruit_trl.training.trl_api import check_trl_private_api
 from recruit_trl.training.vllm_colocate import VLLMOnCPU
 
@@ -77,7 +78,8 @@ def centered_trainer(trainer_cls: type) -> type:
 
 def rl_trainer_class(trainer_cls: type, mode: str, shuffle_advantages: bool, constrained: bool = False) -> type:
     """The trainer class of an RL run: ``trainer_cls`` with micro-batches of similar prompt lengths, on the
-    log-probabilities of the legal tokens when the rollouts decode ``constrained``, trained on the rows' own advantages
+    log-probabilities of the legal tokens when the rollouts decode ``constrained``, the rows that share a prompt
+    scored packed (:mod:`recruit_trl.training.packed_groups`), trained on the rows' own advantages
     in episode mode, the advantages centred over the rows trained, and permuted among the rows when
     ``shuffle_advantages`` (the control); with ``use_vllm`` and no GPU, TRL's vLLM generator is the CPU one
     (:mod:`recruit_trl.training.vllm_colocate`)."""
@@ -86,6 +88,7 @@ def rl_trainer_class(trainer_cls: type, mode: str, shuffle_advantages: bool, con
         trainer_cls = type(trainer_cls.__name__, (VLLMOnCPU, trainer_cls), {})
     if constrained:
         trainer_cls = legal_trainer(trainer_cls)
+    trainer_cls = packed_trainer(trainer_cls)
     if mode == "episode":
         trainer_cls = episode_trainer(trainer_cls)
     trainer_cls = centered_trainer(trainer_cls)

@@ -183,6 +183,15 @@ class LegalLogprobs:
         finally:
             self._legal = None
 
+    def _legal_ids(self, logits_to_keep: int, device) -> torch.Tensor | None:
+        """The legal ids of the batch being scored ``(rows, logits_to_keep, K)``: the loss's batch, else (the old and
+        reference log-probabilities while scoring) the generation batch's; None for free decoding."""
+        if self._legal is not None:
+            return self._legal
+        if self._legal_rows is not None:
+            return legal_id_tensor(self._legal_rows, logits_to_keep, device)
+        return None
+
     def _get_per_token_logps_and_entropies(
         self,
         model,
@@ -194,9 +203,7 @@ class LegalLogprobs:
         compute_aux_loss=False,
         **kwargs,
     ):
-        legal = self._legal
-        if legal is None and self._legal_rows is not None:  # old / reference log-probabilities while scoring
-            legal = legal_id_tensor(self._legal_rows, logits_to_keep, input_ids.device)
+        legal = self._legal_ids(logits_to_keep, input_ids.device)
         if legal is None:
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,

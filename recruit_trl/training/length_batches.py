@@ -92,14 +92,21 @@ def length_sort_differs(args: Any, aux_loss: bool = False) -> str | None:
 
 def length_sorted_split(batch: dict[str, Any], chunks: int, multiple: int | None = None) -> list[dict[str, Any]]:
     """``batch`` (a generation batch: tensors and lists of one row per sample, scalars) split into ``chunks``
-    micro-batches of equal size by prompt length (shortest first), each prompt tensor cut to the micro-batch's longest
-    prompt (the left padding every row has is dropped), rounded up to a ``multiple`` of columns when one is given
-    (TRL's ``pad_to_multiple_of``: shapes stay multiples of it)."""
+    micro-batches of equal size by prompt length (shortest first; the rows of one prompt next to each other, so that
+    they share micro-batches and :mod:`recruit_trl.training.packed_groups` scores their prompt once; otherwise in the
+    batch's order), each prompt tensor cut to the micro-batch's longest prompt (the left padding every row has is
+    dropped), rounded up to a ``multiple`` of columns when one is given (TRL's ``pad_to_multiple_of``: shapes stay
+    multiples of it)."""
     mask = batch["prompt_mask"]
     rows = mask.size(0)
     if rows % chunks:
         raise ValueError(f"{rows} rows do not split into {chunks} equal micro-batches")
-    order = torch.argsort(mask.sum(dim=1), stable=True)
+    prompts: dict[tuple[int, ...], int] = {}  # each distinct prompt, numbered in the order of its first row
+    first = [  # left padding is dropped: the prompt is the row's attended tokens
+        prompts.setdefault(tuple(row[-length:]), len(prompts)) if length else -1
+        for row, length in zip(batch["prompt_ids"].tolist(), mask.sum(dim=1).tolist(), strict=True)
+    ]
+    order = torch.argsort(mask.sum(dim=1).cpu() * rows + torch.tensor(first), stable=True)
     size = rows // chunks
     out = []
     for i in range(chunks):
@@ -124,9 +131,9 @@ def _rows(value: Any, index: torch.Tensor) -> Any:
 
 class LengthSortedBatches:
     """A mixin for ``GRPOTrainer`` classes: a generation batch is split into micro-batches of similar prompt lengths
-    (:func:`length_sorted_split`, ties in TRL's random order) instead of TRL's random split, with the same buffering:
-    one generation every ``steps_per_generation * num_iterations`` micro-steps, micro-step ``k`` trains on
-    micro-batch ``k % steps_per_generation``.
+    (:func:`length_sorted_split`, the rows of a prompt together, prompts of one length in TRL's random order) instead
+    of TRL's random split, with the same buffering: one generation every ``steps_per_generation * num_iterations``
+    micro-steps, micro-step ``k`` trains on micro-batch ``k % steps_per_generation``.
 
     A trainer whose settings make the split change the gradient (:func:`length_sort_differs`) runs TRL's own
     ``_prepare_inputs`` and logs why once; so do evaluation batches. A batch of one micro-batch and a multimodal one
