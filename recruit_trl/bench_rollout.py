@@ -10,7 +10,8 @@ for either is an error. ``--steps`` sets ``--max_steps``; nothing is saved.
 Reported (medians over the steps after the first, which pays for warm-up and anchor replay):
 seconds per optimizer step, decisions the policy played and decisions trained on per second of a step (one rollout
 call per optimizer step, TRL's default), generated tokens per environment decision, prompt tokens per decision, the
-environment's share of rollout time, environment steps per sample, and the fraction of zero-variance groups.
+environment's share of rollout time, environment steps per sample, and the fraction of zero-variance groups; and the
+peak memory of the first step (:class:`recruit_trl.profiling.FirstStepPeakMemory`).
 
 ``--compare_baseline`` first runs the same steps on the baseline's paths (:func:`baseline_paths`: every row of a
 GRPO group scored on its own in the trainer's passes and prefilled on its own in the rollouts, instead of the packed
@@ -77,7 +78,9 @@ RATES = {
 }
 
 
-def summarize(log_history: list[dict]) -> dict:
+def summarize(log_history: list[dict], peak_mib: float | None = None) -> dict:
+    """A run's figures from its log (:data:`FIGURES`, :data:`RATES`: medians over the steps after the first), with
+    the peak memory of its first step (:func:`first_step_peak_mib`)."""
     steps = [h for h in log_history if "step_time" in h]
     measured = steps[1:] or steps
     out = {}
@@ -88,7 +91,16 @@ def summarize(log_history: list[dict]) -> dict:
         values = [float(h[key]) / float(h["step_time"]) for h in measured if h.get(key) and float(h["step_time"]) > 0]
         out[name] = round(statistics.median(values), 2) if values else None
     out["steps_measured"] = len(measured)
+    out["first_step_peak_memory_mib"] = peak_mib
     return out
+
+
+def first_step_peak_mib(trainer) -> float | None:
+    """What the trainer's :class:`~recruit_trl.profiling.FirstStepPeakMemory` measured, or None."""
+    from recruit_trl.profiling import FirstStepPeakMemory  # torch
+
+    memory = [c for c in trainer.callback_handler.callbacks if isinstance(c, FirstStepPeakMemory)]
+    return memory[0].peak_mib if memory else None
 
 
 @contextmanager
@@ -139,7 +151,10 @@ def parse_args(argv: list[str] | None = None):
 def train(script_args, training_args, model_args):
     """Build the GRPO trainer (:func:`build`) and train it for ``training_args.max_steps`` steps; returns the
     trainer."""
+    from recruit_trl.profiling import FirstStepPeakMemory  # torch
+
     trainer, _ = build(script_args, training_args, model_args)
+    trainer.add_callback(FirstStepPeakMemory())
     trainer.train()
     return trainer
 
@@ -186,9 +201,10 @@ def build(script_args, training_args, model_args):
 def profiled_train(script_args, training_args, model_args):
     """:func:`train`, timed by share (:func:`recruit_trl.profiling.profile_training`); returns the trainer and
     ``{"seconds_per_step": by share after the first step, "padding": the share of padding positions by share}``."""
-    from recruit_trl.profiling import profile_training  # torch
+    from recruit_trl.profiling import FirstStepPeakMemory, profile_training  # torch
 
     trainer, rollout = build(script_args, training_args, model_args)
+    trainer.add_callback(FirstStepPeakMemory())
     with profile_training(trainer, rollout) as timed:
         trainer.train()
     return trainer, {"seconds_per_step": timed.per_step(), "padding": timed.padding()}
@@ -217,16 +233,16 @@ def main(argv: list[str] | None = None) -> int:
                 trainer, baseline_shares = run(bench, script_args, training_args, model_args)
             finally:
                 training_args.use_vllm = True
-            baseline = summarize(trainer.state.log_history)
+            baseline = summarize(trainer.state.log_history, first_step_peak_mib(trainer))
         elif bench.compare_baseline:
             described = "each row of a group scored and prefilled on its own"
             with baseline_paths():
                 trainer, baseline_shares = run(bench, script_args, training_args, model_args)
-            baseline = summarize(trainer.state.log_history)
+            baseline = summarize(trainer.state.log_history, first_step_peak_mib(trainer))
         start = time.perf_counter()
         trainer, shares = run(bench, script_args, training_args, model_args)
         wall = time.perf_counter() - start
-    figures = summarize(trainer.state.log_history)
+    figures = summarize(trainer.state.log_history, first_step_peak_mib(trainer))
     report = {
         "figures": figures,
         "config": {
@@ -252,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             report["baseline_profile"] = baseline_shares
         report["ratio"] = {
             name: round(figures[name] / baseline[name], 2) if figures[name] and baseline[name] else None
-            for name in (*RATES, "seconds_per_step", "rollout_seconds")
+            for name in (*RATES, "seconds_per_step", "rollout_seconds", "first_step_peak_memory_mib")
         }
         report["baseline_paths"] = described
         print(f"baseline ({described}): {baseline}")

@@ -125,4 +125,5 @@ def test_the_benchmark_compares_the_current_paths_with_the_baselines_and_profile
         assert profile["seconds_per_step"]["total"] > 0 and profile["seconds_per_step"]["prefill"] > 0
         assert 0 <= profile["padding"]["trainer_forward"] < 1
     assert report["baseline"]["decisions_played_per_second"] > 0
+    assert report["baseline"]["first_step_peak_memory_mib"] > 0 and report["figures"]["first_step_peak_memory_mib"] > 0
     assert report["ratio"]["decisions_played_per_second"] > 0
