@@ -220,7 +220,9 @@ def rollout_wraps(profile: Profile, rollout) -> None:
 @contextmanager
 def profile_training(trainer, rollout) -> Iterator[Profile]:
     """A :class:`Profile` of ``trainer.train()`` run inside the block: the rollout's shares, the trainer's loss
-    (``compute_loss``), backward and optimizer steps, the model's passes by where they run."""
+    (``compute_loss``), backward and optimizer steps, the model's passes by where they run. A step ends when the
+    trainer's callbacks have seen its end: the callbacks added before this block (e.g. :class:`FirstStepPeakMemory`
+    tearing down its profiler) count in the step they end, not in the next one's ``other``."""
     profile = Profile()
     rollout_wraps(profile, rollout)
     profile.wrap(trainer, "compute_loss", "loss")
@@ -232,19 +234,31 @@ def profile_training(trainer, rollout) -> Iterator[Profile]:
 
     def optimizer_after(_optimizer, _args, _kwargs):
         profile.leave()
-        profile.mark_step()
 
     handles = [
         register_optimizer_step_pre_hook(optimizer_before),
         register_optimizer_step_post_hook(optimizer_after),
     ]
+    marks = _StepMarks(profile)
+    trainer.add_callback(marks)
     profile.mark_step()  # the start of the first step
     try:
         yield profile
     finally:
         for handle in handles:
             handle.remove()
+        trainer.remove_callback(marks)
         profile.undo()
+
+
+class _StepMarks(TrainerCallback):
+    """Marks the end of every optimizer step in a :class:`Profile`."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.profile.mark_step()
 
 
 @contextmanager
