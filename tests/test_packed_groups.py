@@ -105,12 +105,19 @@ def grouped_batch(vocab: int, window: bool, groups: int = 3, size: int = 4, prom
 
 
 def _model(kind: str, warm_model: str, temperature: float):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    path = warm_model if kind.startswith("tiny") else _smollm2()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if kind == "qlora":  # the tiny model's weights in 4 bits (bitsandbytes' CPU kernels), a LoRA adapter over them
+        from recruit_trl.models.loading import keep_4bit_layers_trainable
+
+        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(warm_model, quantization_config=quantization)
+        keep_4bit_layers_trainable(model)
+    else:
+        path = warm_model if kind.startswith("tiny") else _smollm2()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     add_fused_lm_head(model, temperature=temperature, outputs=("log_probs", "entropy"))
-    if kind == "tiny_lora":
+    if kind in ("tiny_lora", "qlora"):
         from peft import LoraConfig, get_peft_model
 
         torch.manual_seed(0)  # init_lora_weights=False: a random adapter that changes the outputs
@@ -142,7 +149,7 @@ def _scores(scorer, model, batch, params, weights):
 
 CASES = [
     ("tiny", "branch", True), ("tiny", "branch", False), ("tiny", "window", True), ("tiny", "window", False),
-    ("tiny_lora", "branch", True), ("tiny_lora", "window", False),
+    ("tiny_lora", "branch", True), ("tiny_lora", "window", False), ("qlora", "branch", True),
     pytest.param("smollm2", "branch", True, marks=pytest.mark.slow),
     pytest.param("smollm2", "window", False, marks=pytest.mark.slow),
 ]  # fmt: skip
@@ -152,7 +159,7 @@ CASES = [
 def test_packed_log_probabilities_entropies_and_gradients_equal_the_unpacked_ones(kind, mode, legal_sets, warm_model):
     model = _model(kind, warm_model, temperature=0.7)
     vocab = model.config.get_text_config().vocab_size
-    tokens = (20, 60) if kind.startswith("tiny") else (150, 250)
+    tokens = (150, 250) if kind == "smollm2" else (20, 60)
     batch = grouped_batch(vocab, window=mode == "window", prompt_tokens=tokens)
     input_ids, attention, legal, trained = batch
     params = [p for p in model.parameters() if p.requires_grad]

@@ -16,12 +16,12 @@ log-probability, and the gradient of any loss on them, equal the unpacked comput
 
 The packed path covers the loss's forward and backward, the old and the reference log-probabilities, TRL's fused LM
 head (full vocabulary) and the legal-token log-probabilities of constrained decoding
-(:mod:`recruit_trl.training.legal_logprobs`), LoRA or every weight, activation checkpointing, every loss type and DDP
-(the model is called as usual, with a different batch). A chunk of rows that share no prompt, or whose masks are not a
-left-padded prompt and a completion prefix, takes TRL's path. So does a whole run, said once in the log, where packing
-cannot be exact: a mixture-of-experts router loss (balanced over tokens), multimodal inputs, an attention
-implementation that takes no dense 4D mask (only ``sdpa`` and ``eager`` do), sliding-window or non-attention layers
-(:func:`packing_unsupported`), and a model whose first packed chunk does not give the unpacked log-probabilities
+(:mod:`recruit_trl.training.legal_logprobs`), LoRA (4-bit too) or every weight, activation checkpointing, every loss
+type and DDP (the model is called as usual, with a different batch). A chunk of rows that share no prompt, or whose
+masks are not a left-padded prompt and a completion prefix, takes TRL's path. So does a whole run, said once in the
+log, where packing cannot be exact: a mixture-of-experts router loss (balanced over tokens), multimodal inputs, an
+attention implementation that takes no dense 4D mask (only ``sdpa`` and ``eager`` do), sliding-window or non-attention
+layers (:func:`packing_unsupported`), and a model whose first packed chunk does not give the unpacked log-probabilities
 (checked once, in eval mode: a model that ignores the mask fails it).
 """
 
