@@ -169,17 +169,18 @@ class FirstStepPeakMemory(TrainerCallback):
 
     def __init__(self) -> None:
         self.peak_mib: float | None = None
-        self._profiler = None
+        self._profiler = None  # torch's profiler of the step, on the CPU
+        self._on_gpu = False
         self._start = 0
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if state.global_step != 0 or self.peak_mib is not None or self._profiler is not None:
+        if state.global_step != 0 or self.peak_mib is not None or self._profiler is not None or self._on_gpu:
             return
         if torch.cuda.is_available():
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             self._start = torch.cuda.memory_allocated()
-            self._profiler = "cuda"
+            self._on_gpu = True
         else:
             self._profiler = torch.profiler.profile(
                 activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
@@ -187,9 +188,9 @@ class FirstStepPeakMemory(TrainerCallback):
             self._profiler.__enter__()
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self._profiler is None or self.peak_mib is not None:
+        if (self._profiler is None and not self._on_gpu) or self.peak_mib is not None:
             return
-        if self._profiler == "cuda":
+        if self._on_gpu:
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated() - self._start
         else:

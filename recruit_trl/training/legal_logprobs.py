@@ -150,6 +150,12 @@ def legal_head_logps_and_entropy(
     return logps, entropy.new_zeros(choice.shape).masked_scatter(choice, entropy)
 
 
+def unwrapped_causal_lm(accelerator, model) -> torch.nn.Module:
+    """The causal LM inside ``model``: out of the accelerator's wrapper (DDP and the like) and out of PEFT."""
+    causal_lm = accelerator.unwrap_model(model)
+    return causal_lm.get_base_model() if is_peft_model(causal_lm) else causal_lm
+
+
 class LegalLogprobs:
     """A mixin for ``GRPOTrainer`` classes: with a rollout that returns :data:`LEGAL_FIELD`, every log-probability
     the trainer computes (the loss's, the old and the reference policy's) is over the legal tokens."""
@@ -212,9 +218,7 @@ class LegalLogprobs:
         given = sorted(name for name, value in kwargs.items() if value is not None)
         if given:  # images and the like: TRL's path would score them over the whole vocabulary
             raise NotImplementedError(f"--constrained_decoding trains text-only models; this batch also has {given}")
-        causal_lm = self.accelerator.unwrap_model(model)
-        if is_peft_model(causal_lm):
-            causal_lm = causal_lm.get_base_model()
+        causal_lm = unwrapped_causal_lm(self.accelerator, model)
         head, transform = causal_lm.get_output_embeddings(), logit_transform(causal_lm.config)
         # The model itself is called (not its backbone alone), so that DDP, PEFT and ZeRO-3 see an ordinary forward;
         # logits_to_keep=1 keeps the head it runs to one position, and the hook hands over the hidden states.

@@ -33,13 +33,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from accelerate.utils import is_peft_model
 
 from recruit_trl.training.legal_logprobs import (
     LegalLogprobs,
     captured_hidden_states,
     legal_head_logps_and_entropy,
     logit_transform,
+    unwrapped_causal_lm,
 )
 
 logger = logging.getLogger(__name__)
@@ -231,10 +231,8 @@ class PackedGroups:
 
     def _packed_logps(self, model, input_ids, logits_to_keep, packed, legal, compute_entropy):
         """``(logps, entropies)`` of the unpacked rows ``(rows, T)``, computed on ``packed``."""
-        causal_lm = self.accelerator.unwrap_model(model)
-        if is_peft_model(causal_lm):
-            causal_lm = causal_lm.get_base_model()
-        dtype = next(causal_lm.parameters()).dtype
+        causal_lm = unwrapped_causal_lm(self.accelerator, model)
+        dtype = causal_lm.get_input_embeddings().weight.dtype  # the hidden states' (4-bit layers hold packed bytes)
         mask = packed.attention_mask(causal_lm.config._attn_implementation or "eager", dtype)
         inputs = {"input_ids": packed.input_ids, "attention_mask": mask, "position_ids": packed.position_ids}
         if legal is None:  # TRL's fused LM head, one label per packed position
@@ -270,7 +268,7 @@ class PackedGroups:
             model.train(was_training)
         scored = attention_mask[:, -logits_to_keep:].bool()
         gap = float((got - want).abs()[scored].max()) if scored.any() else 0.0
-        dtype = next(self.accelerator.unwrap_model(model).parameters()).dtype
+        dtype = unwrapped_causal_lm(self.accelerator, model).get_input_embeddings().weight.dtype
         if gap > CHECK_TOLERANCE.get(dtype, CHECK_TOLERANCE_HALF):
             self._packing_off = (
                 f"the packed log-probabilities of the first batch differ from the unpacked ones by {gap:.3g} (the "
@@ -298,10 +296,7 @@ class PackedGroups:
         if given:
             return f"the batch has {given}"
         if self._packing_off is None and not self._packing_checked:
-            causal_lm = self.accelerator.unwrap_model(model)
-            if is_peft_model(causal_lm):
-                causal_lm = causal_lm.get_base_model()
-            why = packing_unsupported(causal_lm.config)
+            why = packing_unsupported(unwrapped_causal_lm(self.accelerator, model).config)
             if why is None and (compute_aux_loss or getattr(self, "aux_loss_enabled", False)):
                 why = "the router's load-balancing loss counts every token of every row"
             if why is not None:
