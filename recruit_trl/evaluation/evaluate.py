@@ -7,6 +7,9 @@ Policies:
     * ``model:PATH``: a causal LM folder or a LoRA adapter folder (its base model is read from the adapter
       config). Model policies run all episodes in lock-step with batched generation, through the same
       prompt rendering, action contract, strict parser and safe fallback as the RL rollouts.
+    * ``planner:model:PATH``: the model proposes ``planner_candidates`` sampled actions at every decision and the
+      one with the best continued grade is played (:mod:`recruit_trl.evaluation.planner`); its rows carry its
+      cost per episode (``planner_cost``).
 
 Each episode is recorded as an :class:`~recruit_trl.evaluation.metrics.EpisodeLog`, aggregated into one result row per
 (policy, task) by :func:`recruit_trl.evaluation.metrics.aggregate` (the metrics are described there). Episodes run
@@ -45,6 +48,7 @@ from recruit_trl.evaluation.metrics import (
     EpisodeLog,
     aggregate,
 )
+from recruit_trl.evaluation.planner import CandidateScorer, PlannerSettings, planned_model
 from recruit_trl.files import write_text_atomic
 from recruit_trl.models.loading import load_for_inference
 from recruit_trl.protocol import EnvInterface, get_env_interface, policy_action
@@ -82,6 +86,23 @@ class EvalConfig:
     workers: int = 1
     # How models are loaded (recruit_trl.models.loading.loading_config: dtype, attention, 4-bit), as in training.
     model_loading: dict = field(default_factory=dict)
+    # planner:model:PATH policies (recruit_trl.evaluation.planner.PlannerSettings): actions the model proposes per
+    # decision, sampled at planner_temperature / planner_top_p; continuations scoring each distinct one; the policy
+    # that plays them ("": the environment's RL continuation policy).
+    planner_candidates: int = 8
+    planner_continuations: int = 4
+    planner_continuation: str = ""
+    planner_temperature: float = 1.0
+    planner_top_p: float = 1.0
+
+    def planner_settings(self) -> PlannerSettings:
+        return PlannerSettings(
+            candidates=self.planner_candidates,
+            continuations=self.planner_continuations,
+            continuation_policy=self.planner_continuation,
+            temperature=self.planner_temperature,
+            top_p=self.planner_top_p,
+        )
 
 
 class Evaluator:
@@ -96,6 +117,7 @@ class Evaluator:
             raise ValueError("the vllm backend runs one engine in one process: workers must be 1")
         if interface is None and not config.env:
             raise ValueError("EvalConfig.env: name the environment ('clinical', 'conquest' or 'package.module:attr')")
+        config.planner_settings()  # refuses impossible planner settings before anything runs
         self.interface = interface or get_env_interface(config.env)
         self.config = with_tasks(config, self.interface)
         self.teacher = self.interface.get_policy(config.teacher) if config.teacher else None
@@ -120,6 +142,12 @@ class Evaluator:
 
     # ------------------------------------------------------------------ policies
     def run_policy(self, name: str, progress: Callable[[int], None] | None = None) -> list[EpisodeLog]:
+        planned = planned_model(name)
+        if planned is not None:
+            if self.config.env_url:
+                raise ValueError("the planner restores snapshots of the environment: evaluate it in-process, not "
+                                 "against --env-url")  # fmt: skip
+            return self.run_model(planned, progress, planner=self.config.planner_settings())
         if name.startswith("model:"):
             return self.run_model(name[len("model:") :], progress)
         policy = self.interface.get_policy(name)
@@ -146,7 +174,11 @@ class Evaluator:
                 env.close()
         return logs
 
-    def run_model(self, path: str, progress: Callable[[int], None] | None = None) -> list[EpisodeLog]:
+    def run_model(
+        self, path: str, progress: Callable[[int], None] | None = None, planner: PlannerSettings | None = None
+    ) -> list[EpisodeLog]:
+        """``path``'s episodes, all in lock-step; with ``planner``, each decision is the best of the model's
+        ``planner.candidates`` proposals (:class:`~recruit_trl.evaluation.planner.CandidateScorer`)."""
         if self.config.backend == "vllm":
             from recruit_trl.models.vllm_engine import policy_from_folder
 
@@ -158,11 +190,14 @@ class Evaluator:
         from recruit_trl.models.generation import answer_token_ids, encode_prompt, sample
 
         cfg = self.config
-        do_sample = cfg.temperature > 0
+        temperature, top_p = (planner.temperature, planner.top_p) if planner else (cfg.temperature, cfg.top_p)
+        proposals = planner.candidates if planner else 1  # answers sampled per decision
+        scorer = CandidateScorer(self.interface, planner, cfg.policy_seed) if planner and proposals > 1 else None
+        do_sample = temperature > 0
         gen_config = GenerationConfig(
             do_sample=do_sample,
-            temperature=cfg.temperature if do_sample else None,
-            top_p=cfg.top_p if do_sample and cfg.top_p < 1.0 else None,
+            temperature=temperature if do_sample else None,
+            top_p=top_p if do_sample and top_p < 1.0 else None,
             top_k=None,
         )
         if do_sample:  # sampled runs repeat exactly for the same config (policy_seed, tasks, seeds, batch size)
@@ -185,18 +220,31 @@ class Evaluator:
             for i in active:
                 shown = recent[i][len(recent[i]) - cfg.recent_k :] if cfg.recent_k > 0 else []
                 messages = messages_of[i] = build_messages(self.interface, obs[i], shown, cfg.contract, candidates[i])
-                prompts.append(encode_prompt(tokenizer, messages, enable_thinking=False))
+                prompts += [encode_prompt(tokenizer, messages, enable_thinking=False)] * proposals
             allowed = None
             if cfg.constrained:
-                allowed = [answer_token_ids(tokenizer, answer_texts(cfg.contract, candidates[i])) for i in active]
+                allowed = [
+                    answer_token_ids(tokenizer, answer_texts(cfg.contract, candidates[i]))
+                    for i in active
+                    for _ in range(proposals)
+                ]
             unchanged: list[bool | None] = []
             completions, _ = sample(
                 model, tokenizer, prompts, gen_config, max_new, cfg.batch_size, allowed=allowed, unchanged=unchanged
             )
-            texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+            all_texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
             still = []
-            for i, text, same in zip(active, texts, unchanged, strict=True):
-                parsed = parse_action(text, cfg.contract, self.interface, obs[i], candidates[i])
+            for j, i in enumerate(active):
+                texts = all_texts[j * proposals : (j + 1) * proposals]
+                proposed = [parse_action(text, cfg.contract, self.interface, obs[i], candidates[i]) for text in texts]
+                chosen = 0
+                if scorer is not None:
+                    choice = scorer.choose(envs[i], [p.action for p in proposed], *episodes[i], logs[i].length)
+                    chosen = choice.index
+                    logs[i].planner_scored += choice.scored
+                    logs[i].planner_env_steps += choice.env_steps
+                    logs[i].planner_seconds += choice.seconds
+                text, parsed, same = texts[chosen], proposed[chosen], unchanged[j * proposals + chosen]
                 own = parsed.valid if allowed is None else same
                 if own is not None:
                     logs[i].own_checked += 1
@@ -331,6 +379,17 @@ def _play_share(config: EvalConfig, name: str) -> list[EpisodeLog]:
     return Evaluator(config).run_policy(name)
 
 
+def planner_cost_of(logs: Sequence[EpisodeLog]) -> dict[str, float]:
+    """A planner's scoring work per episode: distinct candidates scored, their environment steps and seconds."""
+    n = max(1, len(logs))
+    decisions = max(1, sum(log.decisions for log in logs))
+    return {
+        "candidates_scored_per_decision": round(sum(log.planner_scored for log in logs) / decisions, 3),
+        "env_steps_per_episode": round(sum(log.planner_env_steps for log in logs) / n, 1),
+        "scoring_seconds_per_episode": round(sum(log.planner_seconds for log in logs) / n, 3),
+    }
+
+
 def with_tasks(config: EvalConfig, interface: EnvInterface | None = None) -> EvalConfig:
     """``config`` with its tasks filled in: the interface's ``tasks()`` when it names none."""
     if config.tasks:
@@ -370,7 +429,7 @@ def evaluate(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, desc="evaluating", unit="episode", dynamic_ncols=True)
-    timings = {}
+    timings, planner_cost = {}, {}
     for k, name in enumerate(policies):
         label = labels[k] if labels else name
         start = time.perf_counter()
@@ -380,7 +439,10 @@ def evaluate(
         else:
             logs = evaluator.run_policy(name, progress=bar.update if bar else None)
         timings[label] = round((time.perf_counter() - start) / max(1, len(logs)), 3)
-        results.extend(aggregate(label, logs, name.startswith("model:"), **curves))
+        is_model = name.startswith("model:") or planned_model(name) is not None
+        results.extend(aggregate(label, logs, is_model, **curves))
+        if planned_model(name) is not None:
+            planner_cost[label] = {"seconds_per_episode": timings[label], **planner_cost_of(logs)}
         trace += [{"policy": label, **record} for record in evaluator.trace or ()]
     if bar:
         bar.close()
@@ -389,6 +451,8 @@ def evaluate(
     cfg = {k: (list(v) if isinstance(v, tuple | range) else v) for k, v in config.__dict__.items()}
     cfg["policies"] = list(policies)
     cfg["seconds_per_episode"] = timings
+    if planner_cost:
+        cfg["planner_cost"] = planner_cost
     return {"results": results, "config": cfg, "versions": versions()}
 
 

@@ -1,0 +1,148 @@
+"""The planner policy (``planner:model:PATH``): a model proposes, continuations from a snapshot choose.
+
+At every decision the model samples ``candidates`` answers to the state's prompt (at ``temperature``, with the
+evaluation's contract, constrained decoding and parser: an answer the parser rejects proposes the fallback action);
+each distinct action is applied to a copy of the state (the live environment's snapshot, restored into a scratch
+environment of the task) and scored by the final grade after ``continuation_policy`` plays to the episode's end,
+averaged over ``continuations`` continuations. The action with the best mean is played (ties: the first sampled).
+
+The continuations of one decision use common random numbers, as branch rollouts do
+(:mod:`recruit_trl.rollout.continuation`): continuation ``k`` re-seeds the scratch environment's step RNG every
+simulated day from (policy seed, task, reset seed, day of the decision, ``k``), the same for every candidate, so two
+candidates' scores differ by their actions, not their luck. The snapshot's own RNG (the true future) is discarded
+by that re-seeding, so the planner is not clairvoyant; the live environment is only read, never stepped or re-seeded.
+
+This is one policy-improvement step over the model, the step branch-mode GRPO takes in gradient form, done at test
+time: its score is what a perfect update toward the continuation's grades could reach from that model. With one
+candidate (or when every sample proposes the same action) nothing is scored and the model's sample is played, so
+``candidates=1`` plays the model's own sampled episode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from recruit_trl.protocol import FALLBACK_POLICY, Action, EnvInterface, MultiStepEnv
+from recruit_trl.rollout.config import TO_THE_END, RolloutConfig
+from recruit_trl.rollout.continuation import Scorer, day_seed
+
+PLANNER_PREFIX = "planner:"
+
+
+def planned_model(policy: str) -> str | None:
+    """The model folder of a ``planner:model:PATH`` policy name; ``None`` for any other policy.
+
+    Raises:
+        ValueError: for ``planner:`` followed by anything but ``model:PATH``.
+    """
+    if not policy.startswith(PLANNER_PREFIX):
+        return None
+    rest = policy[len(PLANNER_PREFIX) :]
+    if not rest.startswith("model:") or not rest[len("model:") :]:
+        raise ValueError(f"a planner policy is planner:model:PATH (a model proposes its candidates), not {policy!r}")
+    return rest[len("model:") :]
+
+
+def default_continuation(interface: EnvInterface) -> str:
+    """The environment's continuation policy of its RL recipes (what branch rollouts score with), else the fallback
+    agent."""
+    return str(interface.recipe_defaults.get("rl", {}).get("continuation_policy", FALLBACK_POLICY))
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    """How the planner proposes and scores (see the module docstring)."""
+
+    candidates: int = 8
+    continuations: int = 4
+    continuation_policy: str = ""  # "": the environment's (default_continuation)
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.candidates < 1 or self.continuations < 1:
+            raise ValueError(
+                f"the planner needs candidates >= 1 and continuations >= 1 (got {self.candidates}, "
+                f"{self.continuations})"
+            )
+        if self.candidates > 1 and self.temperature <= 0:
+            raise ValueError("the planner samples its candidates: give it a temperature > 0 (e.g. 1.0)")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What :meth:`CandidateScorer.choose` decided and what it cost."""
+
+    index: int  # into the proposed actions: the one to play
+    means: list[float] | None  # each proposed action's mean score (None: one distinct action, nothing scored)
+    scored: int  # distinct actions scored
+    env_steps: int  # environment steps their continuations took
+    seconds: float
+
+
+class CandidateScorer:
+    """Scores candidate actions in a live environment's state by continuations from its snapshot (one scratch
+    environment per task, restored from the snapshot for every continuation)."""
+
+    def __init__(self, interface: EnvInterface, settings: PlannerSettings, policy_seed: int) -> None:
+        self.interface = interface
+        self.settings = settings
+        self.policy_seed = policy_seed
+        continuation = settings.continuation_policy or default_continuation(interface)
+        config = RolloutConfig(env_name=interface.name or "planner", continuation_policy=continuation)
+        self.scorer = Scorer(interface, config, cache=None)  # the branch rollouts' continuation
+        self.scratch: dict[str, MultiStepEnv] = {}
+
+    def choose(self, env: MultiStepEnv, actions: list[Action], task: str, seed: int, day: int) -> Choice:
+        """Which of ``actions`` to play in ``env``'s current state (task ``task``, reset seed ``seed``, decision
+        ``day``). An action the environment rejects scores ``-inf``."""
+        keys = [self.interface.action_key(action) for action in actions]
+        distinct = list(dict.fromkeys(keys))
+        if len(distinct) == 1:
+            return Choice(0, None, 0, 0, 0.0)
+        start, steps = time.perf_counter(), self.scorer.env_steps
+        snapshot = env.snapshot()
+        scratch = self.scratch.get(task)
+        if scratch is None:
+            scratch = self.scratch[task] = self.interface.make_env(task)
+        means: dict[Any, float] = {}
+        for key in distinct:
+            action = actions[keys.index(key)]
+            seeds = [self._seed(task, seed, day, k) for k in range(self.settings.continuations)]
+            means[key] = sum(self._play_out(scratch, snapshot, action, s) for s in seeds) / len(seeds)
+        best = max(distinct, key=lambda key: means[key])  # max keeps the first of equal scores: the first sampled
+        return Choice(
+            keys.index(best),
+            [means[key] for key in keys],
+            len(distinct),
+            self.scorer.env_steps - steps,
+            time.perf_counter() - start,
+        )
+
+    def _play_out(self, scratch: MultiStepEnv, snapshot: Any, action: Action, seed: int) -> float:
+        """The final grade of ``action`` played in the snapshot's state, continued to the end under seed ``seed``."""
+        scratch.restore(snapshot)
+        scratch.reseed(day_seed(seed, 0))
+        try:
+            new_obs, _, terminated, truncated, info = scratch.step(action)
+        except ValueError:
+            return -math.inf
+        self.scorer.env_steps += 1
+        if not (terminated or truncated):
+            _, info, _ = self.scorer.continue_(scratch, new_obs, {}, seed, TO_THE_END, first_day=1)
+        score = self.interface.final_score(info)
+        if score is None:
+            raise RuntimeError(
+                f"the continuation of {self.interface.name!r} ended without a final score: the planner scores whole "
+                "episodes (final_score of the last step's info)"
+            )
+        return float(score)
+
+    def _seed(self, task: str, seed: int, day: int, k: int) -> int:
+        """Continuation ``k``'s seed at this decision: the same for every candidate (common random numbers)."""
+        text = f"planner|{self.policy_seed}|{task}|{seed}|{day}|{k}"
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")

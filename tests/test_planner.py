@@ -1,0 +1,175 @@
+"""The planner policy (``planner:model:PATH``, recruit_trl.evaluation.planner): it scores proposals from a snapshot
+with common random numbers, never moves the live environment, plays legal actions, and with one candidate plays the
+model's own sampled episode."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from recruit_trl.cli import main as cli
+from recruit_trl.evaluation.cache import cache_key
+from recruit_trl.evaluation.evaluate import EvalConfig, evaluate
+from recruit_trl.evaluation.planner import CandidateScorer, PlannerSettings, default_continuation, planned_model
+from recruit_trl.protocol import get_env_interface
+from tests.toy_env import TOY
+
+TASK = "hard_bench_stage_30"  # 30 decisions: a whole clinical episode in a second
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from recruit_trl.models.tiny_model import build_tiny_model
+    from recruit_trl.traces import collect_traces
+
+    rows = collect_traces(get_env_interface("clinical"), [TASK], range(2))
+    return str(
+        build_tiny_model(
+            tmp_path_factory.mktemp("tiny") / "model",
+            rows,
+            hidden_size=32,
+            num_layers=1,
+            num_heads=2,
+            num_kv_heads=1,
+            intermediate_size=64,
+            max_steps=2,
+            batch_size=4,
+            progress=False,
+        )  # fmt: skip
+    )
+
+
+def walk_far(seed: int = 0, moves: int = 0):
+    env = TOY.make_env("far")  # target 8
+    obs, _ = env.reset(seed=seed)
+    for _ in range(moves):
+        obs, *_ = env.step({"kind": "wait"})
+    return env, obs
+
+
+def test_candidates_are_scored_with_common_random_numbers_from_the_snapshot():
+    # The random continuation never stops: with the same dice and the same moves after it, "right" ends exactly two
+    # steps further right than "left", so on the far target it scores higher in every continuation.
+    scorer = CandidateScorer(TOY, PlannerSettings(candidates=4, continuations=3, continuation_policy="random"), 0)
+    env, _ = walk_far(seed=0, moves=2)
+    before = env.snapshot()
+    actions = [{"kind": "left"}, {"kind": "right"}, {"kind": "left"}, {"kind": "wait"}]
+    choice = scorer.choose(env, actions, "far", seed=0, day=2)
+    assert env.snapshot() == before  # the live environment is read, never stepped or re-seeded
+    assert choice.index == 1 and choice.scored == 3 and choice.env_steps > 3
+    left, right, left_again, wait = choice.means
+    assert left == left_again and left < wait < right
+    assert scorer.choose(env, actions, "far", seed=0, day=2).means == choice.means  # deterministic
+    # Not clairvoyant: the same state with another true future (step RNG) gets the same scores.
+    twin, _ = walk_far(seed=0, moves=2)
+    twin.reseed(12345)
+    assert scorer.choose(twin, actions, "far", seed=0, day=2).means == choice.means
+    # Another decision (day) draws other dice.
+    assert scorer.choose(env, actions, "far", seed=0, day=3).means != choice.means
+
+
+def test_one_distinct_proposal_is_played_without_scoring():
+    scorer = CandidateScorer(TOY, PlannerSettings(candidates=3), 0)
+    env, _ = walk_far()
+    choice = scorer.choose(env, [{"kind": "stop"}] * 3, "far", seed=0, day=0)
+    assert (choice.index, choice.means, choice.scored, choice.env_steps) == (0, None, 0, 0)
+
+
+def test_an_action_the_environment_rejects_scores_minus_infinity():
+    class Refusing(type(TOY)):
+        def make_env(self, task):
+            env = super().make_env(task)
+            step = env.step
+
+            def checked(action):
+                if action.get("kind") == "jump":
+                    raise ValueError("no such move")
+                return step(action)
+
+            env.step = checked
+            return env
+
+    interface = Refusing()
+    scorer = CandidateScorer(interface, PlannerSettings(candidates=2, continuation_policy="greedy"), 0)
+    env, _ = walk_far()
+    choice = scorer.choose(env, [{"kind": "jump"}, {"kind": "wait"}], "far", seed=0, day=0)
+    assert choice.index == 1 and choice.means[0] == float("-inf")
+
+
+def test_clinical_planning_leaves_the_live_episode_where_it_was():
+    clinical = get_env_interface("clinical")
+    env, twin = clinical.make_env(TASK), clinical.make_env(TASK)
+    obs, _ = env.reset(seed=3)
+    twin.reset(seed=3)
+    scorer = CandidateScorer(clinical, PlannerSettings(candidates=3, continuations=2), 0)
+    assert default_continuation(clinical) == "grader_heuristic"  # the continuation of its branch rollouts
+    rng = random.Random(0)
+    for day in range(4):
+        actions = clinical.candidate_actions(obs)
+        picks = [actions[rng.randrange(len(actions))] for _ in range(3)]
+        choice = scorer.choose(env, picks, TASK, seed=3, day=day)
+        played = picks[choice.index]
+        obs, *_, info = env.step(played)
+        twin_obs, *_, twin_info = twin.step(played)  # the same action in an episode nobody planned from
+        assert json.dumps(obs, sort_keys=True, default=str) == json.dumps(twin_obs, sort_keys=True, default=str)
+        assert info == twin_info
+
+
+def test_one_candidate_plays_the_models_own_sampled_episodes(tiny_model):
+    base = EvalConfig(env="clinical", tasks=(TASK,), seeds=(0, 1), constrained=True, policy_seed=3)
+    own = evaluate([f"model:{tiny_model}"], EvalConfig(**{**base.__dict__, "temperature": 1.0}), progress=False,
+                   labels=["policy"])  # fmt: skip
+    planned = evaluate(
+        [f"planner:model:{tiny_model}"],
+        EvalConfig(**{**base.__dict__, "planner_candidates": 1, "planner_temperature": 1.0}),
+        progress=False,
+        labels=["policy"],
+    )
+    assert planned["results"] == own["results"]
+    assert planned["config"]["planner_cost"]["policy"]["candidates_scored_per_decision"] == 0
+
+
+def test_the_planner_plays_legal_actions_and_reports_its_cost(tiny_model, tmp_path, capsys):
+    out, trace = tmp_path / "planner.json", tmp_path / "trace.jsonl"
+    argv = ["eval", "--env", "clinical", "--task", TASK, "--seeds", "0-1", "--constrained", "--no-progress",
+            "--policy", f"planner:model:{tiny_model}", "--planner-candidates", "4", "--planner-continuations", "2",
+            "--json", str(out), "--trace", str(trace)]  # fmt: skip
+    assert cli(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"planner:model:{tiny_model}: seconds per episode" in printed
+    report = json.loads(out.read_text())
+    (row,) = report["results"]
+    assert row["episodes"] == 2 and row["episode_length_mean"] <= 30  # the planner may stop recruiting early
+    assert row["valid_action_rate"] == 1.0 and row["fallback_rate"] == 0.0 and row["strict_json_rate"] == 1.0
+    cost = report["config"]["planner_cost"][f"planner:model:{tiny_model}"]
+    assert cost["candidates_scored_per_decision"] > 1 and cost["env_steps_per_episode"] > 30
+    assert cost["scoring_seconds_per_episode"] > 0
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(records) == 2 * row["episode_length_mean"] and all(record["valid"] for record in records)
+
+
+def test_planner_names_and_settings_are_checked():
+    assert planned_model("planner:model:some/path") == "some/path"
+    assert planned_model("model:some/path") is None and planned_model("heuristic") is None
+    for bad in ("planner:heuristic", "planner:model:"):
+        with pytest.raises(ValueError, match="planner:model:PATH"):
+            planned_model(bad)
+    with pytest.raises(ValueError, match="temperature > 0"):
+        PlannerSettings(candidates=4, temperature=0.0)
+    with pytest.raises(ValueError, match="continuations >= 1"):
+        PlannerSettings(continuations=0)
+    PlannerSettings(candidates=1, temperature=0.0)  # one greedy proposal: the model itself
+    with pytest.raises(ValueError, match="temperature > 0"):
+        evaluate(["heuristic"], EvalConfig(env="clinical", planner_temperature=0.0), progress=False)
+    with pytest.raises(ValueError, match="in-process"):
+        evaluate(["planner:model:x"], EvalConfig(env="clinical", env_url="http://127.0.0.1:1"), progress=False)
+
+
+def test_the_cache_key_holds_the_planners_settings_for_a_planner_only(tiny_model):
+    config = EvalConfig(env="clinical", tasks=(TASK,), planner_candidates=5)
+    planner_key = cache_key(f"planner:model:{tiny_model}", config, "p")
+    model_key = cache_key(f"model:{tiny_model}", config, "m")
+    assert planner_key["planner_candidates"] == 5 and "planner_candidates" not in model_key
+    assert planner_key["weights"] == model_key["weights"] is not None
