@@ -252,6 +252,7 @@ class Plan:
     # The start when nothing builds it: the --sft_adapter, or a base model folder used as it is (None: the start's
     # process trains the warm start, or resolves a built model's name such as tiny or smollm2).
     known_start: str | None = None
+    greedy_only: bool = False  # skip the sampled evaluation (half the evaluation's time)
 
     @property
     def start_dir(self) -> Path:
@@ -261,9 +262,10 @@ class Plan:
         return self.output_dir / f"{arm}_seed{seed}"
 
     def decodings(self) -> dict[str, EvalConfig]:
-        """``{"greedy": config, "sampled": config}``; greedy only when training did not sample (temperature 0)."""
+        """``{"greedy": config, "sampled": config}``; greedy only when training did not sample (temperature 0) or
+        the check was asked for greedy only."""
         out = {"greedy": self.eval_config}
-        if self.sampling["temperature"] > 0:
+        if self.sampling["temperature"] > 0 and not self.greedy_only:
             out["sampled"] = replace(self.eval_config, **self.sampling)
         return out
 
@@ -354,6 +356,7 @@ def make_plan(
     output_dir: str | None = None,
     json_path: str | None = None,
     metric: str | None = None,
+    greedy_only: bool = False,
 ) -> Plan:
     """Check everything a learning check needs and decide what it runs; nothing is written.
 
@@ -367,6 +370,7 @@ def make_plan(
         json_path: the JSON file (default ``<output_dir>/learning_check.json``).
         metric: a result row's field to compare (default: ``win_rate`` when the rows carry it, else
             ``final_score_mean``).
+        greedy_only: evaluate greedy only, not also sampled at the training temperature.
 
     Raises:
         LearningCheckError: with a one-line message.
@@ -421,6 +425,7 @@ def make_plan(
         known_start=known_start(script_args, model_args),
         eval_config=config,
         sampling={"temperature": float(training_args.temperature), "top_p": float(training_args.top_p)},
+        greedy_only=greedy_only,
     )
 
 

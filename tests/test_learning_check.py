@@ -216,6 +216,13 @@ def test_the_seeds_training_used_are_those_of_the_models_evaluated():
     assert seen_seeds(SimpleNamespace(**base), SimpleNamespace(**warm)) == {"--anchor_seeds": "100-107"}
 
 
+def test_greedy_only_skips_the_sampled_evaluation(tmp_path):
+    both = check.make_plan("grpo_clinical", TOY_FLAGS, output_dir=str(tmp_path / "a"))
+    greedy = check.make_plan("grpo_clinical", TOY_FLAGS, output_dir=str(tmp_path / "b"), greedy_only=True)
+    assert list(both.decodings()) == ["greedy", "sampled"] and list(greedy.decodings()) == ["greedy"]
+    assert greedy.decodings()["greedy"] == both.decodings()["greedy"]
+
+
 def test_a_folder_of_another_checks_flags_is_refused(tmp_path, capsys):
     out = tmp_path / "check"
     out.mkdir()
