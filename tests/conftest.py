@@ -1,4 +1,4 @@
-"""Shared test fixtures: paths to the golden data recorded on the reference environment."""
+"""Shared test fixtures: paths to the golden data recorded on the reference environment, and small models."""
 
 from __future__ import annotations
 
@@ -45,6 +45,32 @@ def warm_model(tmp_path_factory) -> str:
             batch_size=8,
             lr=5e-3,
             num_threads=1,
+            progress=False,
+        )  # fmt: skip
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    """The smallest model that plays the clinical 30-day task (two optimizer steps on its traces): for tests of the
+    evaluation's plumbing, not of what a model learns."""
+    from recruit_trl.models.tiny_model import build_tiny_model
+    from recruit_trl.protocol import get_env_interface
+    from recruit_trl.traces import collect_traces
+
+    rows = collect_traces(get_env_interface("clinical"), ["hard_bench_stage_30"], range(2))
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    return str(
+        build_tiny_model(
+            path,
+            rows,
+            hidden_size=32,
+            num_layers=1,
+            num_heads=2,
+            num_kv_heads=1,
+            intermediate_size=64,
+            max_steps=2,
+            batch_size=4,
             progress=False,
         )  # fmt: skip
     )

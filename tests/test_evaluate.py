@@ -22,20 +22,6 @@ RESULT_KEYS = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from recruit_trl.models.tiny_model import build_tiny_model
-    from recruit_trl.protocol import get_env_interface
-    from recruit_trl.traces import collect_traces
-
-    rows = collect_traces(get_env_interface("clinical"), [TASK], range(2))
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    return build_tiny_model(
-        path, rows, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
-        max_steps=2, batch_size=4, progress=False,
-    )  # fmt: skip
-
-
 def test_env_policies_and_teacher_match():
     report = evaluate(
         ["heuristic", "safe"],

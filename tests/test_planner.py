@@ -19,28 +19,6 @@ from tests.toy_env import TOY
 TASK = "hard_bench_stage_30"  # 30 decisions: a whole clinical episode in a second
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from recruit_trl.models.tiny_model import build_tiny_model
-    from recruit_trl.traces import collect_traces
-
-    rows = collect_traces(get_env_interface("clinical"), [TASK], range(2))
-    return str(
-        build_tiny_model(
-            tmp_path_factory.mktemp("tiny") / "model",
-            rows,
-            hidden_size=32,
-            num_layers=1,
-            num_heads=2,
-            num_kv_heads=1,
-            intermediate_size=64,
-            max_steps=2,
-            batch_size=4,
-            progress=False,
-        )  # fmt: skip
-    )
-
-
 def walk_far(seed: int = 0, moves: int = 0):
     env = TOY.make_env("far")  # target 8
     obs, _ = env.reset(seed=seed)
