@@ -12,7 +12,7 @@ import torch
 from recruit_trl import profiling
 from recruit_trl.cli import main as cli
 from recruit_trl.profiling import SHARES, Profile, share_table
-from tests.test_evaluate import TASK, tiny_model  # noqa: F401 (a fixture)
+from tests.test_evaluate import TASK
 
 
 class Clock:
@@ -72,7 +72,7 @@ def test_a_method_wrapped_on_a_class_or_an_instance_is_restored():
     assert Env.step.__name__ == "step" and "step" not in vars(env)
 
 
-def test_the_model_passes_are_told_apart_by_where_they_run(tiny_model):  # noqa: F811
+def test_the_model_passes_are_told_apart_by_where_they_run(tiny_model):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     from recruit_trl.models import generation
@@ -101,7 +101,7 @@ def test_the_model_passes_are_told_apart_by_where_they_run(tiny_model):  # noqa:
     assert generation.sample.__name__ == "sample"
 
 
-def test_eval_profile_prints_where_the_seconds_go(tiny_model, tmp_path, capsys):  # noqa: F811
+def test_eval_profile_prints_where_the_seconds_go(tiny_model, tmp_path, capsys):
     out = tmp_path / "eval.json"
     args = ["eval", "--policy", f"model:{tiny_model}", "--task", TASK, "--seeds", "0", "--no-progress"]
     assert cli([*args, "--profile", "--json", str(out)]) == 0
