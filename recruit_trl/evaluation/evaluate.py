@@ -439,9 +439,9 @@ def evaluate(
         else:
             logs = evaluator.run_policy(name, progress=bar.update if bar else None)
         timings[label] = round((time.perf_counter() - start) / max(1, len(logs)), 3)
-        is_model = name.startswith("model:") or planned_model(name) is not None
-        results.extend(aggregate(label, logs, is_model, **curves))
-        if planned_model(name) is not None:
+        planner = planned_model(name) is not None
+        results.extend(aggregate(label, logs, planner or name.startswith("model:"), **curves))
+        if planner:
             planner_cost[label] = {"seconds_per_episode": timings[label], **planner_cost_of(logs)}
         trace += [{"policy": label, **record} for record in evaluator.trace or ()]
     if bar:
