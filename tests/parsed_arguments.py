@@ -23,8 +23,11 @@ CASES = [
     ("grpo_clinical", ["--model_name_or_path", "smollm2"]),
     ("grpo_clinical", ["--config", "recipes/grpo_clinical.yaml"]),
     ("grpo_clinical", ["--env", "conquest"]),
-    ("grpo_clinical", ["--sft_epsilon", "0.2", "--sft_train_seeds", "300-303", "--teacher", "heuristic",
-                       "--dagger_rounds", "2", "--sft_keep_best_round", "false", "--sft_max_steps", "3"]),
+    (
+        "grpo_clinical",
+        "--sft_epsilon 0.2 --sft_train_seeds 300-303 --teacher heuristic --dagger_rounds 2 "
+        "--sft_keep_best_round false --sft_max_steps 3".split(),
+    ),
     ("reinforce_clinical", []),
     ("reinforce_clinical", ["--model_name_or_path", "smollm2"]),
     ("grpo_conquest", []),
