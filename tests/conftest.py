@@ -53,6 +53,4 @@ def tiny_model(tmp_path_factory) -> str:
     from recruit_trl.traces import collect_traces
 
     rows = collect_traces(get_env_interface("clinical"), ["hard_bench_stage_30"], range(2))
-    return small_model(
-        tmp_path_factory, "tiny", rows, hidden_size=32, intermediate_size=64, max_steps=2, batch_size=4
-    )
+    return small_model(tmp_path_factory, "tiny", rows, hidden_size=32, intermediate_size=64, max_steps=2, batch_size=4)
