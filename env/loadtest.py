@@ -2,17 +2,17 @@
 
 Usage::
 
-    python -m env.loadtest --sessions 64 --episodes-per-session 1 --task easy_bench --transport http
+    python -m env.loadtest --sessions 64 --episodes_per_session 1 --task easy_bench --transport http
     python -m env.loadtest --url http://127.0.0.1:8000 --transport ws --json out.json
 
 Without ``--url`` it starts its own server (``python -m env.server``) on a free loopback port and stops it at the
 end. Each of the ``--sessions`` clients (asyncio tasks, one keep-alive connection each) plays
-``--episodes-per-session`` full episodes with the heuristic policy, seed = ``--seed-base`` + episode index. The
-run is bounded in count and in time (``--max-seconds``: no new request starts after it, unfinished episodes are
-reported as ``incomplete``). Only loopback URLs are accepted unless ``--allow-remote``.
+``--episodes_per_session`` full episodes with the heuristic policy, seed = ``--seed_base`` + episode index. The
+run is bounded in count and in time (``--max_seconds``: no new request starts after it, unfinished episodes are
+reported as ``incomplete``). Only loopback URLs are accepted unless ``--allow_remote``.
 
 Every client connects from the same address, so its own server allows one client address every session
-(``--max-sessions-per-client``), and a ``--url`` server is first checked to allow ``--sessions`` per client.
+(``--max_sessions_per_client``), and a ``--url`` server is first checked to allow ``--sessions`` per client.
 ``--token`` (default ``$RECRUIT_TRL_TOKEN``) is sent to a server started with one.
 
 HTTP clients: ``--client raw`` (default) is a minimal HTTP/1.1 keep-alive client on asyncio streams, so that the
@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from env.cli_flags import refuse_kebab_spellings
 from env.client import TOKEN_ENV, is_loopback
 from env.clinical.core import ClinicalRecruitmentEnv
 from env.clinical.policies import heuristic_policy
@@ -283,9 +284,9 @@ def wait_healthy(
 
 def start_server(max_sessions: int, extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "env.server", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    cmd = [sys.executable, "-m", "env.server", "--host", "127.0.0.1", "--port", str(port), "--log_level", "warning"]
     # every client of the load test connects from 127.0.0.1: one client address may hold every session
-    cmd += ["--max-sessions", str(max_sessions), "--max-sessions-per-client", str(max_sessions), *(extra or [])]
+    cmd += ["--max_sessions", str(max_sessions), "--max_sessions_per_client", str(max_sessions), *(extra or [])]
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}  # a loopback server of our own needs no token
     proc = subprocess.Popen(cmd, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -308,7 +309,7 @@ def check_room(url: str, args: argparse.Namespace) -> None:
     if isinstance(cap, int) and cap < args.sessions:
         raise SystemExit(
             f"the server at {url} allows {cap} sessions per client and every load-test client comes from one "
-            f"address: start it with --max-sessions-per-client {args.sessions} (or more), or lower --sessions"
+            f"address: start it with --max_sessions_per_client {args.sessions} (or more), or lower --sessions"
         )
 
 
@@ -362,7 +363,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         host = urlsplit(url).hostname
         if not is_loopback(host) and not args.allow_remote:
-            raise SystemExit(f"refusing non-loopback URL {url!r} (pass --allow-remote to load a remote server)")
+            raise SystemExit(f"refusing non-loopback URL {url!r} (pass --allow_remote to load a remote server)")
         wait_healthy(url.rstrip("/"), timeout=10.0, token=args.token)
         check_room(url.rstrip("/"), args)
     url = url.rstrip("/")
@@ -464,17 +465,17 @@ def format_table(r: dict[str, Any]) -> str:
 def build_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m env.loadtest", description=__doc__.split("\n\n")[0])
     p.add_argument("--sessions", type=int, default=64, help="concurrent clients (default 64)")
-    p.add_argument("--episodes-per-session", type=int, default=1)
+    p.add_argument("--episodes_per_session", type=int, default=1)
     p.add_argument("--task", default="easy_bench")
     p.add_argument("--url", default=None, help="server to load (default: start one on a free loopback port)")
     p.add_argument("--transport", choices=["http", "ws"], default="http")
     p.add_argument("--client", choices=["raw", "httpx"], default="raw", help="HTTP client implementation")
-    p.add_argument("--max-seconds", type=float, default=120.0, help="stop starting requests after this long")
-    p.add_argument("--seed-base", type=int, default=0)
+    p.add_argument("--max_seconds", type=float, default=120.0, help="stop starting requests after this long")
+    p.add_argument("--seed_base", type=int, default=0)
     p.add_argument("--json", default=None, metavar="FILE", help="also write the JSON report here")
-    p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --url")
+    p.add_argument("--allow_remote", action="store_true", help="allow a non-loopback --url")
     p.add_argument("--token", default=None, help=f"bearer token of a --url server (default: ${TOKEN_ENV})")
-    return p
+    return refuse_kebab_spellings(p)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -482,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.token is None:
         args.token = os.environ.get(TOKEN_ENV) or None
     if not 1 <= args.sessions <= 4096 or not 1 <= args.episodes_per_session <= 1000 or args.max_seconds <= 0:
-        raise SystemExit("--sessions must be in 1..4096, --episodes-per-session in 1..1000, --max-seconds > 0")
+        raise SystemExit("--sessions must be in 1..4096, --episodes_per_session in 1..1000, --max_seconds > 0")
     from env.clinical.tasks import get_task
 
     get_task(args.task)

@@ -23,17 +23,18 @@ Top to bottom (steps 2-6 are ``recruit_trl.pipeline.run_rl``, which the REINFORC
    this run's ``ModelConfig``, imitates ``--teacher`` (cached in ``<output_dir>/sft``; DAgger rounds, the best round
    kept; its settings are the SFT recipe's ``WarmStartArguments``, its budget ``--sft_epochs`` / ``--sft_max_steps`` /
    ``--sft_batch_size`` / ``--sft_learning_rate``). A pretrained model trains a
-   LoRA adapter, which RL continues; the tiny model built here fine-tunes every weight (``--sft_full_finetune``
-   unset) and RL then trains every weight too (``--rl_full_finetune`` unset) or a fresh adapter on it.
+   LoRA adapter, which RL continues; the tiny model built here fine-tunes every weight (``--sft_full_finetune``,
+   true by default for it) and RL then trains every weight too (``--rl_full_finetune``, likewise) or a fresh adapter
+   on it.
 5. Anchors: states on tasks x seeds x days, reached by replaying ``--anchor_policy`` (an environment policy) or
    recorded once from the model RL starts from (``--anchor_policy student``: on-policy states); the prompt column
-   carries the anchor. Rollouts (``--mode branch|window``; ``--continuation_seeds`` continuations per distinct
+   carries the anchor. Rollouts (``--mode branch|episode``; ``--continuation_seeds`` continuations per distinct
    action, the first ``--self_horizon`` days of each played by the policy itself) and rewards (``--reward_funcs``
    x ``--reward_weights``), then ``trainer.train()`` (resumes from the last checkpoint); the adapter is saved to
    ``--output_dir``.
-6. Report (``--report``): ``--eval_baselines``, and the base, SFT and RL models (``--eval_episodes``: the tiny model),
-   over whole episodes on held-out ``--eval_seeds`` (models greedy; those named by ``--eval_sampled`` also sampled
-   at ``--eval_temperature`` / ``--eval_top_p``: rows ``<model>-sampled``); the decision-level report
+6. Report (``--report``): ``--eval_baselines``, and the base, SFT and RL models (``--eval_episodes``, true for the
+   tiny model), over whole episodes on held-out ``--eval_seeds`` (models greedy; those named by ``--eval_sampled``
+   also sampled at ``--eval_temperature`` / ``--eval_top_p``: rows ``<model>-sampled``); the decision-level report
    (``--eval_decisions``: benchmark table and state values on held-out states, every model);
    ``report.json``, PNG plots and a one-screen summary in ``--output_dir`` (``recruit_trl.training.run_report``). The
    baselines (pure Python) run in a background process while the warm start traces the teacher, on the core that
@@ -50,11 +51,12 @@ from recruit_trl.training.parsing import RecipeParser, parse_or_exit
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from trl import GRPOConfig, GRPOTrainer, ModelConfig  # noqa: E402
+from trl import GRPOConfig, ModelConfig  # noqa: E402
 
 from recruit_trl.pipeline import run_rl  # noqa: E402
 from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments, check_rl_arguments  # noqa: E402
 from recruit_trl.training.defaults import recipe_defaults  # noqa: E402
+from recruit_trl.training.trainer import RecruitGRPOTrainer  # noqa: E402
 
 
 def main(
@@ -62,9 +64,10 @@ def main(
     warm: WarmStartArguments,
     training_args: GRPOConfig,
     model_args: ModelConfig,
-    trainer_cls=GRPOTrainer,
-) -> GRPOTrainer:
-    """Steps 2-6 above (``recruit_trl.pipeline.run_rl``) with TRL's ``GRPOTrainer``."""
+    trainer_cls: type[RecruitGRPOTrainer] = RecruitGRPOTrainer,
+) -> RecruitGRPOTrainer:
+    """Steps 2-6 above (``recruit_trl.pipeline.run_rl``) with ``recruit_trl.RecruitGRPOTrainer`` (TRL's
+    ``GRPOTrainer`` with packed groups, legal-token log-probabilities, episode advantages and the control)."""
     return run_rl(script_args, warm, training_args, model_args, trainer_cls)
 
 

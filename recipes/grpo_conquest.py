@@ -41,11 +41,12 @@ from recruit_trl.training.parsing import RecipeParser, parse_or_exit
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from trl import GRPOConfig, GRPOTrainer, ModelConfig  # noqa: E402
+from trl import GRPOConfig, ModelConfig  # noqa: E402
 
 from recruit_trl.pipeline import run_rl  # noqa: E402
 from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments, check_rl_arguments  # noqa: E402
 from recruit_trl.training.defaults import recipe_defaults  # noqa: E402
+from recruit_trl.training.trainer import RecruitGRPOTrainer  # noqa: E402
 
 
 def main(
@@ -53,9 +54,9 @@ def main(
     warm: WarmStartArguments,
     training_args: GRPOConfig,
     model_args: ModelConfig,
-    trainer_cls=GRPOTrainer,
-) -> GRPOTrainer:
-    """Steps 2-5 above (``recruit_trl.pipeline.run_rl``) with TRL's ``GRPOTrainer``."""
+    trainer_cls: type[RecruitGRPOTrainer] = RecruitGRPOTrainer,
+) -> RecruitGRPOTrainer:
+    """Steps 2-5 above (``recruit_trl.pipeline.run_rl``) with ``recruit_trl.RecruitGRPOTrainer``."""
     return run_rl(script_args, warm, training_args, model_args, trainer_cls)
 
 

@@ -4,7 +4,7 @@
     accelerate launch recipes/reinforce_clinical.py --sft_adapter outputs/sft_clinical --max_steps 100
 
 Every step (environment, model, warm start, anchors, rollouts, rewards, report) and every flag are those of
-``recipes/grpo_clinical.py``; only the trainer differs: ``recruit_trl.training.reinforce.ReinforceTrainer`` with
+``recipes/grpo_clinical.py``; only the trainer differs: ``recruit_trl.RecruitReinforceTrainer`` with
 ``scale_rewards="none"``, ``beta=0``, ``num_iterations=1`` and ``loss_type="dr_grpo"``, whose advantages are exact
 leave-one-out advantages.
 """
@@ -24,7 +24,7 @@ from trl import GRPOConfig, ModelConfig  # noqa: E402
 from recruit_trl.pipeline import run_rl  # noqa: E402
 from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments, check_rl_arguments  # noqa: E402
 from recruit_trl.training.defaults import recipe_defaults  # noqa: E402
-from recruit_trl.training.reinforce import REINFORCE_SETTINGS, ReinforceTrainer  # noqa: E402
+from recruit_trl.training.trainer import REINFORCE_SETTINGS, RecruitReinforceTrainer  # noqa: E402
 
 
 def main(
@@ -32,9 +32,9 @@ def main(
     warm: WarmStartArguments,
     training_args: GRPOConfig,
     model_args: ModelConfig,
-    trainer_cls=ReinforceTrainer,
-) -> ReinforceTrainer:
-    """The GRPO recipe's pipeline (``recruit_trl.pipeline.run_rl``) with ``ReinforceTrainer``."""
+    trainer_cls=RecruitReinforceTrainer,
+) -> RecruitReinforceTrainer:
+    """The GRPO recipe's pipeline (``recruit_trl.pipeline.run_rl``) with ``RecruitReinforceTrainer``."""
     return run_rl(script_args, warm, training_args, model_args, trainer_cls)
 
 

@@ -13,8 +13,9 @@ Top to bottom:
    keeps every row) and ``--sft_heldout_seeds`` (untouched), as conversational prompt/completion rows; saved to
    ``<output_dir>/dataset`` and reused on re-runs.
 3. ``SFTTrainer`` trains a LoRA adapter on the completions only (``--use_peft false``: every weight, which suits the
-   tiny model, whose LoRA lacks the capacity to condition on the state; a real model keeps LoRA). For a small
-   vocabulary the loss is the model's own cross-entropy (``--sft_token_metrics``).
+   tiny model, whose LoRA lacks the capacity to condition on the state; a real model keeps LoRA). For the tiny
+   model (a vocabulary of a few hundred tokens) the loss is the model's own cross-entropy (``--sft_token_metrics``,
+   false by default for it).
 4. DAgger (``--dagger_rounds N``): the student plays ``--dagger_seeds`` itself, the teacher labels every state
    it reaches, and training continues on all data so far (``--dagger_epochs``); each round is cached in
    ``<output_dir>/round-K``. The last round's student plays those seeds too, and the round whose student scored

@@ -16,10 +16,10 @@ Top to bottom:
    than ``--sft_max_type_fraction`` of a split: ``train`` (``--sft_train_seeds``), ``fixed`` (100 rows,
    ``--sft_fixed_seeds``) and ``heldout`` (1,000 rows, ``--sft_heldout_seeds``); saved in
    ``<output_dir>/dataset/sets``.
-3. ``SFTTrainer`` on the completions (every weight of the tiny model built here; a LoRA adapter for a pretrained
-   or quantised model; ``--use_peft false``: every weight), optional DAgger rounds; the model and tokenizer are
-   saved to ``--output_dir`` (``recruit_trl.training.warm_start.train_sft``, the pipeline ``recipes/grpo_conquest.py``
-   runs as its warm start).
+3. ``SFTTrainer`` on the completions (every weight of the tiny model built here, the game's ``sft:tiny`` default
+   ``--use_peft false``; a LoRA adapter for a pretrained or quantised model), optional DAgger rounds; the model and
+   tokenizer are saved to ``--output_dir`` (``recruit_trl.training.warm_start.train_sft``, the pipeline
+   ``recipes/grpo_conquest.py`` runs as its warm start).
 4. Benchmark (``<output_dir>/benchmark.json``, printed): rows, strict JSON, valid index, teacher match and invalid
    count of the base and the trained model on the fixed and held-out sets, greedy with free decoding, and the teacher
    match under constrained decoding as a separate column (``recruit_trl.decisions.benchmark``).
@@ -31,7 +31,6 @@ checkpoint.
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 
 # recruit_trl before TRL: importing it keeps off the console a notice that TRL's own import would print
 from recruit_trl.training.parsing import RecipeParser, parse_or_exit
@@ -41,7 +40,7 @@ from trl import ModelConfig, SFTConfig
 
 from recruit_trl.training.arguments import SFTScriptArguments, WarmStartArguments, check_sft_arguments
 from recruit_trl.training.defaults import recipe_defaults
-from recruit_trl.training.model_setup import full_finetune, setup_run
+from recruit_trl.training.model_setup import setup_run
 from recruit_trl.training.warm_start import benchmark_sft, train_sft
 
 
@@ -49,10 +48,8 @@ def main(
     script_args: SFTScriptArguments, warm: WarmStartArguments, training_args: SFTConfig, model_args: ModelConfig
 ) -> dict:
     # The environment, its tasks and the base model are resolved once (``tiny`` is built for the environment's
-    # prompts) and carried to every step. Every weight of the tiny model built here (its LoRA lacks the capacity to
-    # imitate the teacher), a LoRA adapter on a pretrained or quantised model; --use_peft false asks for every weight.
+    # prompts) and carried to every step.
     setup = setup_run(script_args, model_args.model_name_or_path)
-    model_args = replace(model_args, use_peft=not full_finetune(None, model_args, setup.model_path))
     report = train_sft(script_args, warm, training_args, model_args, setup)
     return benchmark_sft(script_args, warm, training_args, model_args, setup, report)
 

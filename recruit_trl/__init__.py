@@ -8,9 +8,10 @@ than the bundled clinical recruitment one (:mod:`env`) can be added without touc
 
 The public API, importable from here::
 
-    from recruit_trl import RolloutConfig, environment_factory, get_env_interface, get_reward_funcs, make_rollout
+    from recruit_trl import RecruitGRPOTrainer, RolloutConfig, environment_factory, get_reward_funcs, make_rollout
 
     rollout = make_rollout(RolloutConfig(env_name="clinical"))  # GRPOTrainer(..., rollout_func=rollout)
+    # RecruitGRPOTrainer: GRPOTrainer + packed groups, legal-token log-probabilities, episode advantages, the control
     env_class = environment_factory("conquest")  # GRPOTrainer(..., environment_factory=env_class): TRL's tool loop
 
 Names are imported on first use: ``import recruit_trl`` stays light (the rollouts import torch and transformers).
@@ -50,7 +51,6 @@ logging.getLogger("kernels._internals.hf_hub").addFilter(
 _EXPORTS = {
     "make_rollout": "recruit_trl.rollout.rollout_funcs",
     "BranchRollout": "recruit_trl.rollout.rollout_funcs",
-    "WindowRollout": "recruit_trl.rollout.rollout_funcs",
     "RolloutConfig": "recruit_trl.rollout.config",
     "PromptConfig": "recruit_trl.rollout.config",
     "EnvInterface": "recruit_trl.protocol",
@@ -58,7 +58,8 @@ _EXPORTS = {
     "register_env": "recruit_trl.protocol",
     "get_env_interface": "recruit_trl.protocol",
     "get_reward_funcs": "rewards",
-    "ReinforceTrainer": "recruit_trl.training.reinforce",
+    "RecruitGRPOTrainer": "recruit_trl.training.trainer",
+    "RecruitReinforceTrainer": "recruit_trl.training.trainer",
     "environment_factory": "recruit_trl.rollout.tool_env",
     "ToolEnvironment": "recruit_trl.rollout.tool_env",
 }
@@ -68,10 +69,10 @@ __all__ = [
     "EnvInterface",
     "MultiStepEnv",
     "PromptConfig",
-    "ReinforceTrainer",
+    "RecruitGRPOTrainer",
+    "RecruitReinforceTrainer",
     "RolloutConfig",
     "ToolEnvironment",
-    "WindowRollout",
     "__version__",
     "environment_factory",
     "get_env_interface",
@@ -83,9 +84,9 @@ __all__ = [
 if TYPE_CHECKING:
     from recruit_trl.protocol import EnvInterface, MultiStepEnv, get_env_interface, register_env
     from recruit_trl.rollout.config import PromptConfig, RolloutConfig
-    from recruit_trl.rollout.rollout_funcs import BranchRollout, WindowRollout, make_rollout
+    from recruit_trl.rollout.rollout_funcs import BranchRollout, make_rollout
     from recruit_trl.rollout.tool_env import ToolEnvironment, environment_factory
-    from recruit_trl.training.reinforce import ReinforceTrainer
+    from recruit_trl.training.trainer import RecruitGRPOTrainer, RecruitReinforceTrainer
     from rewards import get_reward_funcs
 
 

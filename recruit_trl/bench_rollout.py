@@ -2,7 +2,7 @@
 
 Usage: ``python -m recruit_trl.bench_rollout [--steps 6] [--json FILE] [flags]``, where the flags are those of the
 GRPO recipe (``recipes/grpo_clinical.py``): ``ScriptArguments``, ``GRPOConfig`` and ``ModelConfig`` through
-``TrlParser``, with the same CPU and model defaults (e.g. ``--mode window``, ``--model_name_or_path``,
+``TrlParser``, with the same CPU and model defaults (e.g. ``--mode episode``, ``--model_name_or_path``,
 ``--num_generations``). It trains the base model (a fresh LoRA adapter unless ``--use_peft false``) on the anchors,
 with no warm start and no final evaluation: ``--warm_start none --report false`` are the defaults here, and asking
 for either is an error. ``--steps`` sets ``--max_steps``; nothing is saved.
@@ -164,10 +164,10 @@ def build(script_args, training_args, model_args):
     episode mode: the rows' own advantages; the control with ``--shuffle_advantages``), and its rollout function."""
     import torch
     from transformers import AutoTokenizer
-    from trl import GRPOTrainer, get_peft_config
+    from trl import get_peft_config
 
     from recruit_trl.rollout.rollout_funcs import make_rollout
-    from recruit_trl.training.control import rl_trainer_class
+    from recruit_trl.training.trainer import RecruitGRPOTrainer
     from rewards import get_reward_funcs
 
     if not torch.cuda.is_available():  # as the recipe: the CPU cores shared by the training processes
@@ -182,10 +182,7 @@ def build(script_args, training_args, model_args):
         temperature=training_args.temperature, top_p=training_args.top_p,
         min_rows=training_args.generation_batch_size // training_args.num_generations if episode else 0,
     )  # fmt: skip
-    trainer_cls = rl_trainer_class(
-        GRPOTrainer, script_args.mode, script_args.shuffle_advantages, script_args.constrained_decoding
-    )
-    trainer = trainer_cls(
+    trainer = RecruitGRPOTrainer(
         model=model_path,
         reward_funcs=get_reward_funcs(script_args.reward_funcs),
         args=training_args,
@@ -193,6 +190,8 @@ def build(script_args, training_args, model_args):
         processing_class=AutoTokenizer.from_pretrained(model_path, padding_side="left"),
         peft_config=get_peft_config(model_args),
         rollout_func=rollout,
+        episode_advantages=episode,
+        shuffle_advantages=script_args.shuffle_advantages,
     )
     keep_4bit_layers_trainable(trainer.model)
     return trainer, rollout
@@ -252,7 +251,6 @@ def main(argv: list[str] | None = None) -> int:
             "num_generations": training_args.num_generations,
             "per_device_train_batch_size": training_args.per_device_train_batch_size,
             "horizon": script_args.horizon,
-            "window_turns": script_args.window_turns if script_args.mode == "window" else None,
             "contract": script_args.contract,
             "constrained_decoding": script_args.constrained_decoding,
             "use_vllm": training_args.use_vllm,

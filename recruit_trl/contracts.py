@@ -1,12 +1,8 @@
 """Action contracts: how a model states its action, the strict parser, and the prompt it is shown.
 
-Two contracts:
-
-* ``index`` (default): the prompt lists the legal candidate actions with full arguments, numbered from 0,
-  and the model answers ``{"action_index": k}``. Cheap (a handful of tokens) and always legal once parsed.
-* ``json``: the model writes the environment's own action object (e.g. the clinical environment's
-  ``{"action_type": "screen_patient", "patient_id": "P-1149", ...}``), validated by the environment; the
-  interface's ``json_instructions`` say which fields it has.
+One contract, ``index``: the prompt lists the legal candidate actions with full arguments, numbered from 0, and the
+model answers ``{"action_index": k}``. Cheap (a handful of tokens) and always legal once parsed. The functions take
+the contract's name (``"index"``) so that a prompt, its answer and its parser name the same contract.
 
 Parsing is strict: after stripping surrounding whitespace the text must be exactly one JSON object (no
 prose, no second object, no duplicate keys) that passes the schema (index: only the key ``action_index``
@@ -23,9 +19,9 @@ from typing import Any
 
 from recruit_trl.protocol import Action, EnvInterface, Observation
 
-CONTRACTS = ("index", "json")
+CONTRACTS = ("index",)
 # Generation limits per contract: {"action_index": 27} is 7-8 tokens with a small BPE tokenizer.
-MAX_NEW_TOKENS = {"index": 12, "json": 96}
+MAX_NEW_TOKENS = {"index": 12}
 
 LISTING_HEADER = "Actions:\n"  # opens the numbered candidate list
 INDEX_INSTRUCTIONS = 'Reply with one JSON object {"action_index": N} choosing an action from the list.'
@@ -39,7 +35,7 @@ class ParsedAction:
         action: the action that is executed (the model's, or the fallback's when ``valid`` is False).
         valid: the model's text parsed under the contract.
         error: why it did not (``None`` when valid).
-        index: the chosen candidate's index (index contract), else ``None``.
+        index: the chosen candidate's index (``None`` when not valid).
     """
 
     action: Action
@@ -59,6 +55,16 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise _DuplicateKey(key)
         out[key] = value
     return out
+
+
+def check_contract(contract: str) -> None:
+    """Refuse an action contract other than those of :data:`CONTRACTS` (a configuration error, not model output).
+
+    Raises:
+        ValueError: naming the contract and the known ones.
+    """
+    if contract not in CONTRACTS:
+        raise ValueError(f"Unknown action contract {contract!r}; expected one of {CONTRACTS}")
 
 
 def parse_json_object(text: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -112,54 +118,38 @@ def parse_action(
     """Turn model text into an action under ``contract``; never raises on bad model output.
 
     Any text the model can write (huge or non-finite numbers, deep nesting, lone surrogates included) gives either
-    the parsed action or the fallback action with ``valid=False`` and a reason (see :func:`parse_json_object`,
-    :func:`parse_index`, and ``schema_violation`` when the interface's ``validate_action`` rejects the object).
+    the parsed action or the fallback action with ``valid=False`` and a reason (see :func:`parse_json_object` and
+    :func:`parse_index`).
 
     Raises:
         ValueError: only for an unknown ``contract`` (a configuration error, not model output).
     """
-    if contract == "index":
-        candidates = interface.candidate_actions(obs) if candidates is None else candidates
-        k, error = parse_index(text, len(candidates))
-        if k is None:
-            return ParsedAction(interface.fallback_action(obs), False, error)
-        return ParsedAction(candidates[k], True, None, k)
-    if contract == "json":
-        obj, error = parse_json_object(text)
-        if obj is None:
-            return ParsedAction(interface.fallback_action(obs), False, error)
-        try:
-            action = interface.validate_action(obj, obs)
-        except (ValueError, OverflowError, RecursionError):
-            # Besides the documented ValueError, a validator may convert a huge int to float (OverflowError) or
-            # walk a deeply nested payload (RecursionError): the model's output is at fault either way.
-            return ParsedAction(interface.fallback_action(obs), False, "schema_violation")
-        return ParsedAction(action, True)
-    raise ValueError(f"Unknown action contract {contract!r}; expected one of {CONTRACTS}")
+    check_contract(contract)
+    candidates = interface.candidate_actions(obs) if candidates is None else candidates
+    k, error = parse_index(text, len(candidates))
+    if k is None:
+        return ParsedAction(interface.fallback_action(obs), False, error)
+    return ParsedAction(candidates[k], True, None, k)
 
 
 def completion_text(action: Action, contract: str, candidates: Sequence[Action]) -> str:
     """The exact text a model should write to take ``action`` (SFT targets, tests).
 
     Raises:
-        ValueError: for the index contract when ``action`` is not among ``candidates``.
+        ValueError: when ``action`` is not among ``candidates``, or for an unknown ``contract``.
     """
-    if contract == "index":
-        try:
-            k = list(candidates).index(action)
-        except ValueError:
-            raise ValueError(f"action {action} is not a listed candidate") from None
-        return json.dumps({"action_index": k})
-    if contract == "json":
-        return json.dumps({k: v for k, v in action.items() if v is not None})
-    raise ValueError(f"Unknown action contract {contract!r}; expected one of {CONTRACTS}")
+    check_contract(contract)
+    try:
+        k = list(candidates).index(action)
+    except ValueError:
+        raise ValueError(f"action {action} is not a listed candidate") from None
+    return json.dumps({"action_index": k})
 
 
 def answer_texts(contract: str, candidates: Sequence[Action]) -> list[str]:
     """The texts a model may write to take one of ``candidates`` (constrained decoding's legal answers)."""
-    if contract == "index":
-        return [json.dumps({"action_index": k}) for k in range(len(candidates))]
-    return [completion_text(action, contract, candidates) for action in candidates]
+    check_contract(contract)
+    return [json.dumps({"action_index": k}) for k in range(len(candidates))]
 
 
 def numbered_listing(descriptions: Sequence[str]) -> str:
@@ -175,18 +165,12 @@ def build_messages(
     candidates: Sequence[Action] | None = None,
 ) -> list[dict[str, str]]:
     """The chat prompt for one decision: system prompt (+ answer format), then state (+ numbered candidates)."""
-    if contract not in CONTRACTS:
-        raise ValueError(f"Unknown action contract {contract!r}; expected one of {CONTRACTS}")
-    if contract == "index":
-        instructions = INDEX_INSTRUCTIONS
-    else:
-        instructions = interface.json_instructions
-    user = interface.render(obs, recent)
-    if contract == "index":
-        candidates = interface.candidate_actions(obs) if candidates is None else candidates
-        user = f"{user}\n{numbered_listing([interface.describe_action(a, obs) for a in candidates])}"
+    check_contract(contract)
+    candidates = interface.candidate_actions(obs) if candidates is None else candidates
+    listing = numbered_listing([interface.describe_action(a, obs) for a in candidates])
+    user = f"{interface.render(obs, recent)}\n{listing}"
     return [
-        {"role": "system", "content": f"{interface.system_prompt}\n{instructions}"},
+        {"role": "system", "content": f"{interface.system_prompt}\n{INDEX_INSTRUCTIONS}"},
         {"role": "user", "content": user},
     ]
 

@@ -12,7 +12,7 @@ import torch
 from accelerate import PartialState
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import TrainerState
-from trl import GRPOConfig, GRPOTrainer, ModelConfig
+from trl import GRPOConfig, ModelConfig
 
 from recruit_trl.files import read_json, write_json_atomic
 from recruit_trl.models.loading import (
@@ -27,10 +27,10 @@ from recruit_trl.models.loading import (
 from recruit_trl.rollout.rollout_funcs import make_rollout
 from recruit_trl.training.anchor_data import make_anchor_dataset
 from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments
-from recruit_trl.training.control import rl_trainer_class
 from recruit_trl.training.model_card import rl_model_card, write_model_card
 from recruit_trl.training.model_setup import last_checkpoint, model_init_kwargs, rl_start, setup_run
 from recruit_trl.training.run_report import RL_FINISHED, report_run, rl_finished, sft_trained, start_baseline_evals
+from recruit_trl.training.trainer import RecruitGRPOTrainer
 from recruit_trl.training.warm_start import run_warm_start
 from rewards import get_reward_funcs
 
@@ -40,11 +40,11 @@ def run_rl(
     warm: WarmStartArguments,
     training_args: GRPOConfig,
     model_args: ModelConfig,
-    trainer_cls: type = GRPOTrainer,
-) -> GRPOTrainer:
+    trainer_cls: type[RecruitGRPOTrainer] = RecruitGRPOTrainer,
+) -> RecruitGRPOTrainer:
     """The RL recipes' pipeline: environment, policy model, warm start, anchors, rollouts, rewards, training with
-    ``trainer_cls`` (``GRPOTrainer`` or a subclass, e.g. :class:`recruit_trl.training.reinforce.ReinforceTrainer`),
-    report.
+    ``trainer_cls`` (:class:`~recruit_trl.training.trainer.RecruitGRPOTrainer` or a subclass, e.g.
+    :class:`~recruit_trl.training.trainer.RecruitReinforceTrainer`), report.
 
     The arguments are inputs only: what a stage produces (the environment interface, the tasks and the base model,
     resolved once; the warm start's folder) is passed on to the next stages.
@@ -95,11 +95,6 @@ def run_rl(
             min_rows=training_args.generation_batch_size // training_args.num_generations
             if script_args.mode == "episode" else 0,
         )  # fmt: skip
-    # Episode mode: rows carry their own advantages; --shuffle_advantages: the control (recruit_trl.training.control);
-    # --constrained_decoding: the loss's log-probabilities are over the legal tokens (training.legal_logprobs).
-    trainer_cls = rl_trainer_class(
-        trainer_cls, script_args.mode, script_args.shuffle_advantages, script_args.constrained_decoding
-    )
     trainer = trainer_cls(
         model=model,
         reward_funcs=get_reward_funcs(script_args.reward_funcs),
@@ -108,6 +103,8 @@ def run_rl(
         processing_class=tokenizer,
         peft_config=peft_config,  # quantisation, when asked for, is in training_args.model_init_kwargs
         rollout_func=rollout,
+        episode_advantages=script_args.mode == "episode",  # the rows carry their own advantages
+        shuffle_advantages=script_args.shuffle_advantages,  # the control of a learning claim
     )
     keep_4bit_layers_trainable(trainer.model)  # rollouts generate in eval mode; see its docstring (CPU QLoRA)
     if finished:

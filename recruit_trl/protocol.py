@@ -7,11 +7,11 @@ recruit_trl never imports a concrete environment. An environment package impleme
   action can be scored from the *same* state many times) and ``reseed`` (common random numbers inside a
   group: every branch of a group continues with the same RNG stream).
 * :class:`EnvInterface`: everything textual and task-specific: the system prompt, a compact rendering of
-  an observation, the enumeration of legal candidate actions (the ``index`` action contract), validation
-  of a free JSON action (the ``json`` contract), a safe fallback action, a short description of an action
-  for digests, the named per-step reward components, and the policies that can play prefixes and
-  continuations; optionally episode metrics, reference figures, a remote client, task descriptions and its
-  defaults for training (each optional member's generic default is on the base class).
+  an observation, the enumeration of legal candidate actions (the ``index`` action contract), a safe
+  fallback action, a short description of an action for digests, the named per-step reward components, and the
+  policies that can play prefixes and continuations; optionally episode metrics, reference figures, a remote
+  client, task descriptions and its defaults for training (each optional member's generic default is on the base
+  class).
 
 :func:`get_env_interface` finds an interface by name: registered in-process with :func:`register_env`, declared by
 an installed package as an entry point of the ``recruit_trl.envs`` group
@@ -77,15 +77,6 @@ class FallbackPolicy:
         return self.interface.fallback_action(obs)
 
 
-# Interface methods that episode mode read before its rewards came from the reward functions, and what replaces them.
-RETIRED_METHODS = {
-    "episode_outcome": "an episode's outcome is the sum of its decisions' step rewards under --reward_funcs x "
-    "--reward_weights (e.g. rewards.conquest.win_reward on the last decision's row)",
-    "step_reward": "a decision's step reward is --reward_funcs x --reward_weights on its step row; define potential() "
-    "and name rewards.potential_reward for the change of a potential",
-}
-
-
 class EnvInterface:
     """What the plugin needs to turn an environment into prompts, actions and reward fields, and the environment's
     training defaults: the base class of every environment interface, each optional member's default in one place.
@@ -100,8 +91,6 @@ class EnvInterface:
             sums them over the scored horizon and forwards them to the reward functions under these names.
         terminal_action_types: action types by which the agent ends the episode itself (never explored at
             random when collecting traces).
-        json_instructions: the ``json`` contract's answer format, appended to the system prompt (name the action's
-            fields here).
         curve_metrics: those of :meth:`episode_metrics` whose course over the episode is reported too:
             ``<name>_by_day_mean`` (the mean curve after each decision), ``<name>_peak_mean`` and, for the days of
             ``metric_days``, ``<name>_at_mean`` ({"15": value after 15 decisions, ...}); the report plots them.
@@ -125,20 +114,12 @@ class EnvInterface:
     system_prompt: str = ""
     reward_fields: tuple[str, ...] = ()
     terminal_action_types: frozenset[str] = frozenset()
-    json_instructions: str = "Answer with exactly one JSON object: the action."
     curve_metrics: tuple[str, ...] = ()
     metric_days: tuple[int, ...] = ()
     rate_metrics: tuple[str, ...] = ()
     reference_scores: Mapping[str, float] = MappingProxyType({})
     reference_band: tuple[str, str, float, float] | None = None
     recipe_defaults: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        # Methods episode mode no longer calls: an override would be ignored without a word, so it is refused.
-        super().__init_subclass__(**kwargs)
-        for name, instead in RETIRED_METHODS.items():
-            if name in vars(cls):
-                raise TypeError(f"{cls.__name__}.{name} is no longer called: {instead}")
 
     # Required: the environment and its text.
 
@@ -159,10 +140,6 @@ class EnvInterface:
     def describe_action(self, action: Action, obs: Observation | None = None) -> str:
         """A one-line description for the digest of recent actions; with ``obs``, for the candidate list (it
         may then add visible facts, e.g. the clinical environment lists a patient's attributes)."""
-        raise NotImplementedError
-
-    def validate_action(self, payload: Mapping[str, Any], obs: Observation) -> Action:
-        """A complete action from a model's free JSON object (the ``json`` contract); raise ValueError if bad."""
         raise NotImplementedError
 
     def fallback_action(self, obs: Observation) -> Action:
@@ -243,7 +220,7 @@ class EnvInterface:
         return json.dumps(obs, sort_keys=True, default=str)
 
     def remote_env(self, url: str, task: str, transport: str) -> MultiStepEnv:
-        """A client of the environment server at ``url`` (``recruit-trl eval --env-url``).
+        """A client of the environment server at ``url`` (``recruit-trl eval --env_url``).
 
         Raises:
             ValueError: by default: the environment has no remote client.

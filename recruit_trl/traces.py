@@ -6,7 +6,7 @@ Each row is ``{"messages": [system, user], "completion": text, "task", "seed", "
 warm up the tiny offline model and feed the SFT warm start, so the model sees the RL prompt format from
 its first step.
 
-With the ``index`` contract the teacher's action must be one of the listed candidates. A teacher that
+The teacher's action must be one of the listed candidates (the ``index`` contract). A teacher that
 speaks in free actions is matched to the candidate that does the same thing (the interface's action key, e.g.
 type and arguments without free-text annotations); a step without a match is played but not recorded (counted
 in ``skipped``).
@@ -65,8 +65,8 @@ def trace_row(
     seed: int,
     day: int,
 ) -> dict[str, Any]:
-    """One trace row: the prompt ``messages`` and the answer that takes ``action`` under ``contract`` (for the index
-    contract ``action`` must be one of ``candidates``, e.g. ``candidates[match_candidate(...)]``)."""
+    """One trace row: the prompt ``messages`` and the answer that takes ``action`` under ``contract`` (``action``
+    must be one of ``candidates``, e.g. ``candidates[match_candidate(...)]``)."""
     return {
         "messages": messages,
         "completion": completion_text(action, contract, candidates),
@@ -110,7 +110,7 @@ def collect_traces(
         teacher: a policy name registered by the environment (or a ``policy(obs, rng)`` callable) that
             speaks in free actions; ``None`` uses ``candidate_teacher``.
         candidate_teacher: picks a candidate index (default :func:`fallback_teacher`, the safe agent).
-        contract: ``"index"`` or ``"json"``.
+        contract: the action contract (``"index"``, :data:`recruit_trl.contracts.CONTRACTS`).
         recent_k: recent actions in the prompt's digest (as in the rollouts).
         epsilon: with this probability a uniformly random (non-terminal) candidate is played instead, which
             widens the state distribution: the policy then also sees states off the teacher's path.
@@ -152,11 +152,10 @@ def collect_traces(
                 if explore and not relabel:
                     action = played
                     k = candidates.index(played)
-                if contract == "json" or k is not None:
+                if k is not None:
                     shown = recent[len(recent) - recent_k :] if recent_k > 0 else []
                     messages = build_messages(interface, obs, shown, contract, candidates)
-                    label = action if contract == "json" else candidates[k]
-                    rows.append(trace_row(interface, messages, candidates, label, contract, task, seed, day))
+                    rows.append(trace_row(interface, messages, candidates, candidates[k], contract, task, seed, day))
                     stats.recorded += 1
                     kind = interface.action_type(action)
                     stats.action_types[kind] = stats.action_types.get(kind, 0) + 1

@@ -14,7 +14,7 @@ elimination, invalid answers, outcome, win); all are importable from here and na
 reward function this package does not hold (a new environment's) is named as ``package.module:function``.
 
 The same functions and weights define what is learnt in every mode, and they are called the same way in each: TRL's
-``GRPOTrainer`` calls them on a branch (branch and window mode); where recruit_trl calls them itself, on each
+``GRPOTrainer`` calls them on a branch (branch mode); where recruit_trl calls them itself, on each
 decision's step row in episode mode (its step reward; their sum is the episode's outcome) and on each step row of TRL's
 tool loop (``get_reward``, their sum), :func:`call_reward_funcs` passes the same keyword arguments as TRL and sums as
 TRL does. The environments' components, the potential's change and the final score are additive over steps (a row

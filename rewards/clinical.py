@@ -8,8 +8,8 @@ Fields summed over the scored steps (the sampled action plus the continuation ho
 * :func:`milestone_reward`: enrolment-milestone bonuses (``milestone_bonus``).
 * :func:`hypothesis_reward`: the hypothesis accuracy of each scored step's state (``hypothesis_accuracy``).
 
-Every one is a sum over steps, so it means the same in every mode: over a branch's steps (branch and window mode), over
-an episode's (episode mode's outcome, the sum of its decisions' step rewards) and over a tool-loop rollout's.
+Every one is a sum over steps, so it means the same in every mode: over a branch's steps (branch mode), over an
+episode's (episode mode's outcome, the sum of its decisions' step rewards) and over a tool-loop rollout's.
 """
 
 from __future__ import annotations

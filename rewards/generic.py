@@ -12,7 +12,7 @@
 * :func:`potential_reward`: the change of the environment's ``potential`` (how good a state is, e.g. conquest's mean of
   its territory and army shares) over the row's steps (``potential_change``; ``None`` for an environment without one).
 * :func:`teacher_match_reward`: 1 when the sampled action does what the rollout's ``reward_teacher`` policy would do in
-  the same state (window mode: the fraction of turns), else 0 (``teacher_match``): a dense, noise-free signal on
+  the same state, else 0 (``teacher_match``): a dense, noise-free signal on
   the states the policy reaches, i.e. on-policy distillation of the teacher inside GRPO.
 
 :func:`row_field` and :func:`as_floats` are the helpers every reward function here and in an environment's own
@@ -66,8 +66,7 @@ def env_return_reward(completions: list, **kwargs: Any) -> list[float | None]:
 
 
 def format_reward(completions: list, **kwargs: Any) -> list[float | None]:
-    """-1.0 when the completion did not parse under the action contract, 0 when it did (window mode: minus the
-    fraction of turns that did not parse)."""
+    """-1.0 when the completion did not parse under the action contract, 0 when it did."""
     return [None if v is None else float(v) - 1.0 for v in row_field("valid", kwargs, "format_reward")]
 
 

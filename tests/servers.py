@@ -21,7 +21,7 @@ def free_port() -> int:
 
 def env_server_cmd(port: int, *extra: str) -> list[str]:
     """``python -m env.server`` on 127.0.0.1:``port``."""
-    return [sys.executable, "-m", "env.server", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+    return [sys.executable, "-m", "env.server", "--host", "127.0.0.1", "--port", str(port), "--log_level", "warning",
             *extra]  # fmt: skip
 
 

@@ -13,11 +13,11 @@ import recruit_trl
 def test_public_names_are_the_modules_objects():
     from recruit_trl.protocol import EnvInterface, get_env_interface, register_env
     from recruit_trl.rollout.config import RolloutConfig
-    from recruit_trl.rollout.rollout_funcs import BranchRollout, WindowRollout, make_rollout
+    from recruit_trl.rollout.rollout_funcs import BranchRollout, make_rollout
     from rewards import get_reward_funcs
 
     assert recruit_trl.make_rollout is make_rollout and recruit_trl.RolloutConfig is RolloutConfig
-    assert recruit_trl.BranchRollout is BranchRollout and recruit_trl.WindowRollout is WindowRollout
+    assert recruit_trl.BranchRollout is BranchRollout
     assert recruit_trl.EnvInterface is EnvInterface and recruit_trl.register_env is register_env
     assert recruit_trl.get_env_interface is get_env_interface and recruit_trl.get_reward_funcs is get_reward_funcs
     assert set(recruit_trl.__all__) == {"__version__", *recruit_trl._EXPORTS}

@@ -1,4 +1,5 @@
-"""The ``recruit-trl`` console entry point: tasks listing and the environment's own commands (entry points)."""
+"""The ``recruit-trl`` console entry point: tasks listing, the environment's own commands (entry points), and the
+flags' one spelling (snake_case; the former kebab-case spellings refused with their new names)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,51 @@ def test_bench_prints_table_and_json(capsys, tmp_path):
     figures = report["results"]["hard_bench_stage_30"]
     assert all(v > 0 for v in figures["steps_per_s"].values()) and figures["snapshot_restore_per_s"] > 0
     assert "steps/s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (
+            ["eval", "--policy", "random", "--recent-k", "3"],
+            "recruit-trl eval: error: --recent-k was renamed --recent_k",
+        ),
+        (
+            ["eval", "--policy", "random", "--no-progress"],
+            "recruit-trl eval: error: --no-progress was renamed --no_progress",
+        ),
+        (["eval", "--policy", "random", "--top-p=0.9"], "recruit-trl eval: error: --top-p was renamed --top_p"),
+        (
+            ["benchmark", "--env", "conquest", "--policy", "safe", "--train-seeds", "0"],
+            "recruit-trl benchmark: error: --train-seeds was renamed --train_seeds",
+        ),
+        (
+            ["eval", "--policy", "random", "--contract", "json"],
+            "recruit-trl eval: error: --contract was removed: the index contract is the only one",
+        ),
+        (["serve", "--max-sessions", "2"], "python -m env.server: error: --max-sessions was renamed --max_sessions"),
+        (["bench", "--cache-dir", "x"], "python -m env.clinical.bench: error: --cache-dir was renamed --cache_dir"),
+    ],
+    ids=["eval", "eval-bare", "eval-equals", "benchmark", "removed", "serve", "bench"],
+)
+def test_a_former_spelling_is_refused_with_its_new_name(argv, error, capsys):
+    """Before anything runs: one line on stderr naming the flag's snake_case spelling (or why it went), status 2."""
+    if argv[0] == "serve":  # the server's extra
+        pytest.importorskip("fastapi")
+        pytest.importorskip("uvicorn")
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == error + "\n"
+
+
+def test_the_loadtests_former_spellings_are_refused(capsys):
+    from env.loadtest import build_arg_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_arg_parser().parse_args(["--episodes-per-session", "2"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "python -m env.loadtest: error: --episodes-per-session was renamed --episodes_per_session\n"
+    )
+    assert build_arg_parser().parse_args(["--episodes_per_session", "2"]).episodes_per_session == 2

@@ -17,7 +17,7 @@ from recruit_trl.contracts import (
     parse_index,
     parse_json_object,
 )
-from recruit_trl.protocol import EnvInterface, get_env_interface
+from recruit_trl.protocol import get_env_interface
 
 INTERFACE = get_env_interface("clinical")
 HUGE_INT = "7" * 5000  # over Python's 4,300-digit limit on int(str), which json.loads applies
@@ -69,12 +69,11 @@ def test_parse_index_is_strict(text, expected):
 @given(st.text(max_size=60))
 def test_arbitrary_text_never_raises_and_falls_back(obs, text):
     candidates = INTERFACE.candidate_actions(obs)
-    for contract in ("index", "json"):
-        parsed = parse_action(text, contract, INTERFACE, obs, candidates)
-        assert isinstance(parsed.action, dict)
-        if not parsed.valid:
-            assert parsed.action == INTERFACE.fallback_action(obs)
-            assert parsed.error
+    parsed = parse_action(text, "index", INTERFACE, obs, candidates)
+    assert isinstance(parsed.action, dict)
+    if not parsed.valid:
+        assert parsed.action == INTERFACE.fallback_action(obs)
+        assert parsed.error
 
 
 @settings(max_examples=200, deadline=None)
@@ -96,80 +95,37 @@ STOP = '"stop_recruitment"'
 
 
 @pytest.mark.parametrize(
-    ("contract", "text", "error"),
+    ("text", "error"),
     [
-        # Integers too long for int(str): in every numeric (and string) position of both contracts.
-        ("index", _answer(action_index=HUGE_INT), "number_too_long"),
-        ("index", _answer(action_index="-" + HUGE_INT), "number_too_long"),
-        ("json", _answer(action_type=STOP, confidence=HUGE_INT), "number_too_long"),
-        ("json", _answer(action_type=STOP, confidence="-" + HUGE_INT), "number_too_long"),
-        ("json", _answer(action_type=STOP, token_cost=HUGE_INT), "number_too_long"),
-        ("json", _answer(action_type=STOP, patient_id=HUGE_INT), "number_too_long"),
-        ("json", _answer(action_type=HUGE_INT), "number_too_long"),
-        ("json", _answer(action_type=STOP, note=f"[{HUGE_INT}]"), "number_too_long"),
+        # Integers too long for int(str).
+        (_answer(action_index=HUGE_INT), "number_too_long"),
+        (_answer(action_index="-" + HUGE_INT), "number_too_long"),
+        (_answer(action_index=1, confidence=HUGE_INT), "number_too_long"),
         # Integers that parse but overflow float().
-        ("index", _answer(action_index=FLOAT_OVERFLOW_INT), "index_out_of_range"),
-        ("index", _answer(action_index="-" + FLOAT_OVERFLOW_INT), "index_out_of_range"),
-        ("json", _answer(action_type=STOP, confidence=FLOAT_OVERFLOW_INT), "schema_violation"),
-        ("json", _answer(action_type=STOP, confidence="-" + FLOAT_OVERFLOW_INT), "schema_violation"),
-        ("json", _answer(action_type=STOP, token_cost="-" + FLOAT_OVERFLOW_INT), "schema_violation"),
-        ("json", _answer(action_type=FLOAT_OVERFLOW_INT), "schema_violation"),
+        (_answer(action_index=FLOAT_OVERFLOW_INT), "index_out_of_range"),
+        (_answer(action_index="-" + FLOAT_OVERFLOW_INT), "index_out_of_range"),
         # Floats that overflow to infinity, and the non-standard NaN/Infinity literals json.loads accepts.
-        ("index", _answer(action_index="1e400"), "index_not_int"),
-        ("index", _answer(action_index="NaN"), "index_not_int"),
-        ("index", _answer(action_index="Infinity"), "index_not_int"),
-        ("index", _answer(action_index="-Infinity"), "index_not_int"),
-        ("json", _answer(action_type=STOP, confidence="1e400"), "schema_violation"),
-        ("json", _answer(action_type=STOP, confidence="-1e400"), "schema_violation"),
-        ("json", _answer(action_type=STOP, confidence="NaN"), "schema_violation"),
-        ("json", _answer(action_type=STOP, confidence="Infinity"), "schema_violation"),
-        ("json", _answer(action_type=STOP, token_cost="1e400"), "schema_violation"),
-        ("json", _answer(action_type=STOP, token_cost="NaN"), "schema_violation"),
+        (_answer(action_index="1e400"), "index_not_int"),
+        (_answer(action_index="NaN"), "index_not_int"),
+        (_answer(action_index="Infinity"), "index_not_int"),
+        (_answer(action_index="-Infinity"), "index_not_int"),
         # Nesting past the recursion limit, closed or not.
-        ("index", _answer(action_index="[" * DEEP), "malformed_json"),
-        ("index", _answer(action_index="[" * DEEP + "]" * DEEP), "malformed_json"),
-        ("json", _answer(action_type=STOP, note='{"a": ' * DEEP), "malformed_json"),
-        ("json", _answer(action_type=STOP, note='{"a": ' * DEEP + "1" + "}" * DEEP), "malformed_json"),
+        (_answer(action_index="[" * DEEP), "malformed_json"),
+        (_answer(action_index="[" * DEEP + "]" * DEEP), "malformed_json"),
+        (_answer(action_index=1, note='{"a": ' * DEEP + "1" + "}" * DEEP), "malformed_json"),
         # Lone surrogates, escaped or raw, in values, keys and around the object.
-        ("index", _answer(action_index='"\\ud800"'), "index_not_int"),
-        ("index", '{"\\udfff": 1}', "wrong_keys"),
-        ("index", '{"action_index": 1}\udfff', "malformed_json"),
-        ("index", "\ud800", "no_json_object"),
-        ("json", _answer(action_type='"\\ud800"'), "schema_violation"),
-        ("json", _answer(action_type='"\udfff"'), "schema_violation"),
-        ("json", _answer(action_type='"screen_patient"', patient_id='"\\ud800"'), None),
+        (_answer(action_index='"\\ud800"'), "index_not_int"),
+        ('{"\\udfff": 1}', "wrong_keys"),
+        ('{"action_index": 1}\udfff', "malformed_json"),
+        ("\ud800", "no_json_object"),
     ],
 )
-def test_hostile_numbers_nesting_and_surrogates_are_counted_failures(obs, contract, text, error):
-    """Answers a longer generation can produce: each is a failure with its reason (or valid), never an exception."""
+def test_hostile_numbers_nesting_and_surrogates_are_counted_failures(obs, text, error):
+    """Answers a longer generation can produce: each is a failure with its reason, never an exception."""
     candidates = INTERFACE.candidate_actions(obs)
-    parsed = parse_action(text, contract, INTERFACE, obs, candidates)
+    parsed = parse_action(text, "index", INTERFACE, obs, candidates)
     assert parsed.error == error
-    if error is None:  # a lone surrogate is still a string: the environment reports the unknown patient itself
-        assert parsed.valid and parsed.action["patient_id"] == "\ud800"
-    else:
-        assert not parsed.valid and parsed.action == INTERFACE.fallback_action(obs) and parsed.index is None
-
-
-def test_a_validator_that_overflows_or_recurses_is_a_schema_violation(obs):
-    """An environment's validator may convert numbers or walk the payload; its failures are the model's."""
-
-    class Failing:
-        def __init__(self, exc: type[Exception]):
-            self.exc = exc
-
-        def __getattr__(self, name):
-            return getattr(INTERFACE, name)
-
-        def validate_action(self, payload, obs):
-            if self.exc is RecursionError:
-                return self.validate_action(payload, obs)  # recurses until Python stops it
-            raise self.exc("bad payload")
-
-    for exc in (ValueError, OverflowError, RecursionError):
-        parsed = parse_action(_answer(action_type=STOP), "json", Failing(exc), obs)
-        assert not parsed.valid and parsed.error == "schema_violation", exc
-        assert parsed.action == INTERFACE.fallback_action(obs)
+    assert not parsed.valid and parsed.action == INTERFACE.fallback_action(obs) and parsed.index is None
 
 
 def _hostile_literal() -> st.SearchStrategy[str]:
@@ -199,43 +155,31 @@ def _hostile_answers(draw) -> str:
 @given(_hostile_answers())
 def test_hostile_answers_never_raise_and_fall_back(obs, text):
     candidates = INTERFACE.candidate_actions(obs)
-    for contract in ("index", "json"):
-        parsed = parse_action(text, contract, INTERFACE, obs, candidates)
-        assert isinstance(parsed.action, dict)
-        if parsed.valid:
-            assert contract == "json" or parsed.action == candidates[parsed.index]
-        else:
-            assert parsed.action == INTERFACE.fallback_action(obs)
-            assert parsed.error
+    parsed = parse_action(text, "index", INTERFACE, obs, candidates)
+    assert isinstance(parsed.action, dict)
+    if parsed.valid:
+        assert parsed.action == candidates[parsed.index]
+    else:
+        assert parsed.action == INTERFACE.fallback_action(obs)
+        assert parsed.error
 
 
-def test_json_contract_validates_through_the_environment(obs):
-    good = '{"action_type": "screen_patient", "patient_id": "P-1000", "hypothesis": "site_bias"}'
-    parsed = parse_action(good, "json", INTERFACE, obs)
-    assert parsed.valid and parsed.action["patient_id"] == "P-1000" and parsed.action["confidence"] == 0.5
-    bad = parse_action('{"action_type": "teleport"}', "json", INTERFACE, obs)
-    assert not bad.valid and bad.error == "schema_violation"
-    assert parse_json_object("null") == (None, "no_json_object")
-
-
-def test_the_answer_format_follows_the_contract_and_the_interface(obs):
-    """The json contract's format names the environment's action fields (the clinical text, unchanged: trained
-    models depend on it); an interface without ``json_instructions`` gets the generic sentence."""
-    system = build_messages(INTERFACE, obs, [], "json")[0]["content"]
+def test_the_index_contract_is_the_only_one(obs):
+    """The prompt's answer format (the clinical text, unchanged: trained models depend on it); any other contract is
+    a configuration error, not a model's failure."""
+    system = build_messages(INTERFACE, obs, [], "index")[0]["content"]
     assert system == (
         "You run a clinical-trial recruitment campaign, one action per day. Enrol patients within budget.\n"
-        "Answer with exactly one JSON object: the action, with its action_type and arguments (patient_id, site_id, "
-        "strategy_change, target_phase, memory_key, memory_query, hypothesis, confidence)."
+        'Reply with one JSON object {"action_index": N} choosing an action from the list.'
     )
-    assert build_messages(INTERFACE, obs, [], "index")[0]["content"].endswith(f"budget.\n{INDEX_INSTRUCTIONS}")
-
-    class Plain(type(INTERFACE)):  # the clinical interface with the base class's json_instructions
-        json_instructions = EnvInterface.json_instructions
-
-    assert build_messages(Plain(), obs, [], "json")[0]["content"].endswith(
-        f"budget.\n{EnvInterface.json_instructions}"
-    )
-    assert EnvInterface.json_instructions == "Answer with exactly one JSON object: the action."
+    assert system.endswith(INDEX_INSTRUCTIONS) and parse_json_object("null") == (None, "no_json_object")
+    for call in (
+        lambda: build_messages(INTERFACE, obs, [], "json"),
+        lambda: parse_action('{"action_index": 0}', "json", INTERFACE, obs),
+        lambda: completion_text(INTERFACE.candidate_actions(obs)[0], "json", INTERFACE.candidate_actions(obs)),
+    ):
+        with pytest.raises(ValueError, match=r"Unknown action contract 'json'; expected one of \('index',\)"):
+            call()
 
 
 def test_candidates_are_legal_and_listed(obs):
@@ -257,9 +201,6 @@ def test_candidates_are_legal_and_listed(obs):
 def test_completion_text_targets(obs):
     candidates = INTERFACE.candidate_actions(obs)
     assert completion_text(candidates[2], "index", candidates) == '{"action_index": 2}'
-    assert (
-        json.loads(completion_text(candidates[0], "json", candidates))["action_type"] == candidates[0]["action_type"]
-    )
     with pytest.raises(ValueError, match="not a listed candidate"):
         completion_text({"action_type": "stop_recruitment", "confidence": 0.123}, "index", candidates)
 

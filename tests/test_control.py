@@ -1,8 +1,12 @@
-"""The control of a learning claim (``--shuffle_advantages``): in every mode and trainer it trains on a permutation of
-the credit run's advantages, centred over the rows trained, so its expected gradient is zero; and the credit path's
-pieces it is measured against (the run's seed reaching the rollout, a flag of another mode refused)."""
+"""The RL recipes' trainer, ``RecruitGRPOTrainer``: one named class (no trainer class built at run time), and the
+control of a learning claim (``--shuffle_advantages``): in every mode and trainer it trains on a permutation of the
+credit run's advantages, centred over the rows trained, so its expected gradient is zero; and the credit path's pieces
+it is measured against (the run's seed reaching the rollout, a flag of another mode refused)."""
 
 from __future__ import annotations
+
+import ast
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,11 +15,7 @@ from trl import GRPOTrainer
 
 import recruit_trl.pipeline as pipeline
 from recruit_trl.rollout.config import MODE_FLAGS, RolloutConfig
-from recruit_trl.training.control import CenteredAdvantages, ShuffledAdvantages, control_trainer, rl_trainer_class
-from recruit_trl.training.episode_trainer import EpisodeAdvantages
-from recruit_trl.training.length_batches import LengthSortedBatches
-from recruit_trl.training.reinforce import ReinforceTrainer
-from recruit_trl.training.vllm_colocate import VLLMOnCPU
+from recruit_trl.training.trainer import REINFORCE_SETTINGS, RecruitGRPOTrainer, RecruitReinforceTrainer
 
 SMALL = [
     "--anchor_seeds", "100", "--anchor_days", "0-60:20", "--tasks", "easy_bench", "hard_bench",
@@ -24,34 +24,25 @@ SMALL = [
 ]  # fmt: skip
 BY_MODE = {
     "branch": ["--horizon", "4"],
-    "window": ["--horizon", "2", "--window_turns", "2"],
     "episode": ["--episode_decisions", "3", "--episode_groups", "2", "--anchor_days", "0"],
 }
 
 
-def trained_batches(recipe_name: str, flags: list[str], monkeypatch) -> list[tuple]:
-    """``(trainer, batch)`` for each generation batch of a one-step run through the recipe: the outermost class's
-    output, after every mixin, which is what the loss trains on."""
+def trained_batches(recipe_name: str, flags: list[str]) -> list[tuple]:
+    """``(trainer, batch)`` for each generation batch of a one-step run through the recipe: the trainer's output,
+    which is what the loss trains on."""
     seen: list[tuple] = []
-
-    def recording(*args):
-        class Recording(rl_trainer_class(*args)):
-            def _generate_and_score_completions(self, inputs):
-                output = super()._generate_and_score_completions(inputs)
-                seen.append((self, {k: v.clone() if torch.is_tensor(v) else v for k, v in output.items()}))
-                return output
-
-        return Recording
-
-    monkeypatch.setattr(pipeline, "rl_trainer_class", recording)
     recipe = load_recipe(recipe_name)
-    recipe.main(*recipe.parse_args(flags))
+    base = recipe.main.__defaults__[0]  # the recipe's trainer class
+
+    class Recording(base):
+        def _generate_and_score_completions(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            seen.append((self, {k: v.clone() if torch.is_tensor(v) else v for k, v in output.items()}))
+            return output
+
+    recipe.main(*recipe.parse_args(flags), trainer_cls=Recording)
     return seen
-
-
-def trained_advantages(recipe_name: str, flags: list[str], monkeypatch) -> list[list[float]]:
-    """The advantages each generation batch of a one-step run through the recipe trains on."""
-    return [batch["advantages"].flatten().tolist() for _, batch in trained_batches(recipe_name, flags, monkeypatch)]
 
 
 def advantage_gradient(trainer, batch: dict, advantages: torch.Tensor) -> torch.Tensor:
@@ -66,14 +57,14 @@ def advantage_gradient(trainer, batch: dict, advantages: torch.Tensor) -> torch.
     return gradient(advantages) - gradient(torch.zeros_like(advantages))
 
 
-@pytest.mark.parametrize("mode", ["branch", "window", "episode"])
-def test_the_controls_expected_gradient_is_zero_and_the_credits_is_not(mode, warm_model, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["branch", "episode"])
+def test_the_controls_expected_gradient_is_zero_and_the_credits_is_not(mode, warm_model, tmp_path):
     """For the rows one step trains on, the control's gradient averaged over permutations of the advantages is zero to
     rounding; the credit's gradient is not. Averaging over the n cyclic shifts is exact: each row meets each
     advantage once, as in the mean over all permutations."""
     flags = ["--model_name_or_path", warm_model, *SMALL, "--mode", mode, *BY_MODE[mode], "--beta", "0.04",
              "--output_dir", str(tmp_path), "--shuffle_advantages", "true"]  # fmt: skip
-    ((trainer, batch),) = trained_batches("grpo_clinical", flags, monkeypatch)
+    ((trainer, batch),) = trained_batches("grpo_clinical", flags)
     trainer.model.eval()  # no dropout: every gradient of the same rows is the same function of the advantages
     advantages = batch["advantages"]
     assert abs(float(advantages.sum())) < 1e-5 and float(advantages.abs().max()) > 1e-3
@@ -84,51 +75,83 @@ def test_the_controls_expected_gradient_is_zero_and_the_credits_is_not(mode, war
     assert float(control.norm()) < 1e-4 * float(credit.norm())
 
 
-class FixedAdvantages:
-    """A stand-in for a trainer's ``_generate_and_score_completions``."""
+class FixedAdvantages(RecruitGRPOTrainer):
+    """``RecruitGRPOTrainer`` without a model: TRL's part of ``_generate_and_score_completions`` returns ``advantages``
+    (patched in by :func:`fixed`)."""
 
-    def __init__(self, advantages: list[float], training: bool = True, seed: int = 0, step: int = 0) -> None:
-        self.advantages = torch.tensor(advantages)
+    def __init__(self, training=True, seed=0, step=0, episode_advantages=False, shuffle_advantages=True):
+        self.episode_advantages, self.shuffle_advantages = episode_advantages, shuffle_advantages
         self.model = type("M", (), {"training": training})()
-        self.args = type("A", (), {"seed": seed})()
+        self.args = type("A", (), {"seed": seed, **REINFORCE_SETTINGS})()
         self.state = type("S", (), {"global_step": step})()
         self.accelerator = type("Acc", (), {"process_index": 0})()
 
-    def _generate_and_score_completions(self, inputs):
-        return {"advantages": self.advantages.clone()}
+
+def fixed(monkeypatch, advantages: list[float]) -> None:
+    monkeypatch.setattr(
+        GRPOTrainer, "_generate_and_score_completions", lambda self, inputs: {"advantages": torch.tensor(advantages)}
+    )
 
 
-def test_the_permutation_is_drawn_from_seed_and_step_and_spares_evaluation():
-    cls = control_trainer(FixedAdvantages)
-    values = [float(i) for i in range(32)]
-    first = cls(values)._generate_and_score_completions([])["advantages"].tolist()
+def advantages_of(trainer: FixedAdvantages) -> list[float]:
+    return trainer._generate_and_score_completions([])["advantages"].tolist()
+
+
+def test_the_permutation_is_drawn_from_seed_and_step_and_spares_evaluation(monkeypatch):
+    values = [float(i) - 15.5 for i in range(32)]  # mean zero: centring leaves them as they are
+    fixed(monkeypatch, values)
+    first = advantages_of(FixedAdvantages())
     assert sorted(first) == values and first != values
-    assert cls(values)._generate_and_score_completions([])["advantages"].tolist() == first  # a re-run: the same
-    assert cls(values, step=1)._generate_and_score_completions([])["advantages"].tolist() != first
-    assert cls(values, seed=1)._generate_and_score_completions([])["advantages"].tolist() != first
-    assert cls(values, training=False)._generate_and_score_completions([])["advantages"].tolist() == values
+    assert advantages_of(FixedAdvantages()) == first  # a re-run: the same
+    assert advantages_of(FixedAdvantages(step=1)) != first
+    assert advantages_of(FixedAdvantages(seed=1)) != first
+    assert advantages_of(FixedAdvantages(training=False)) == values
+    assert advantages_of(FixedAdvantages(shuffle_advantages=False)) == values
 
 
-def test_the_control_is_the_outermost_override_in_every_mode():
-    for base in (GRPOTrainer, ReinforceTrainer):
-        for mode in ("branch", "window", "episode"):
-            cls = rl_trainer_class(base, mode, True)
-            assert cls.__mro__[1] is ShuffledAdvantages and issubclass(cls, base)
-            assert issubclass(cls, EpisodeAdvantages) == (mode == "episode")
-            credit = rl_trainer_class(base, mode, False)
-            assert issubclass(credit, base) and not issubclass(credit, ShuffledAdvantages)
-            assert issubclass(credit, LengthSortedBatches) and issubclass(cls, LengthSortedBatches)
-            assert credit.__mro__[1] is CenteredAdvantages and cls.__mro__[3] is CenteredAdvantages
-            layers = [c for c in credit.__mro__ if c in (VLLMOnCPU, LengthSortedBatches, base)]
-            assert layers == [VLLMOnCPU, LengthSortedBatches, base]  # TRL's vLLM generator made to work on CPU
-    once = control_trainer(GRPOTrainer)
-    assert control_trainer(once) is once
+def test_training_advantages_are_centred_in_both_arms_and_evaluation_ones_are_not(monkeypatch):
+    fixed(monkeypatch, [0.75, -0.25, -0.25, 0.75])
+    for shuffle in (False, True):
+        assert sum(advantages_of(FixedAdvantages(shuffle_advantages=shuffle))) == pytest.approx(0.0, abs=1e-7)
+    assert advantages_of(FixedAdvantages(training=False)) == [0.75, -0.25, -0.25, 0.75]
+
+
+def test_reinforce_rescales_the_group_advantages_before_centring(monkeypatch):
+    class FixedReinforce(RecruitReinforceTrainer, FixedAdvantages):
+        num_generations = 4
+
+    fixed(monkeypatch, [0.75, -0.25, -0.25, -0.25])
+    assert advantages_of(FixedReinforce(shuffle_advantages=False)) == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3])
+
+
+def test_the_trainer_is_one_named_class_and_none_is_built_at_run_time():
+    """The recipes' trainers are classes written in the source: their method resolution order is one chain of named
+    classes, and nothing in recruit_trl/ calls ``type(name, bases, namespace)`` but the tool loop's environment class
+    (TRL's ``environment_factory`` takes a class, one per environment and its settings)."""
+    chain = [c.__name__ for c in RecruitReinforceTrainer.__mro__]
+    assert chain[:6] == [
+        "RecruitReinforceTrainer", "RecruitGRPOTrainer", "PackedGroups", "LegalLogprobs", "LengthSortedBatches",
+        "GRPOTrainer",
+    ]  # fmt: skip
+    for recipe_name in ("grpo_clinical", "grpo_conquest", "reinforce_clinical"):
+        assert issubclass(load_recipe(recipe_name).main.__defaults__[0], RecruitGRPOTrainer)
+    package = Path(pipeline.__file__).parent
+    built = [
+        f"{path.relative_to(package)}:{node.lineno}"
+        for path in sorted(package.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) == "type"
+        and len(node.args) == 3
+        and ast.unparse(node.args[1]) != "(ToolEnvironment,)"
+    ]
+    assert built == []
 
 
 @pytest.mark.parametrize("name", sorted(MODE_FLAGS))
 def test_a_flag_of_another_mode_is_refused_with_a_message(name):
     modes = MODE_FLAGS[name]
-    other = next(m for m in ("branch", "window", "episode") if m not in modes)
+    other = next(m for m in ("branch", "episode") if m not in modes)
     value = {bool: True, int: 3, float: 0.5, str: "expert"}[type(getattr(RolloutConfig(env_name="clinical"), name))]
     config = dict(env_name="clinical", continuation_policy="grader_heuristic", horizon=5)
     RolloutConfig(**config, mode=modes[0], **{name: value})  # where it applies: accepted

@@ -140,7 +140,7 @@ def test_constrained_decoding_answers_only_listed_candidates(tiny_model):
 def test_eval_cli_writes_json_and_plot(tmp_path, capsys):
     out, png = tmp_path / "eval.json", tmp_path / "eval.png"
     args = ["eval", "--policy", "random", "--task", TASK, "--seeds", "0-1", "--json", str(out), "--plot", str(png)]
-    assert cli([*args, "--no-progress"]) == 0
+    assert cli([*args, "--no_progress"]) == 0
     report = json.loads(out.read_text())
     assert set(report) == {"results", "config", "versions"}
     assert report["results"][0]["policy"] == "random" and png.is_file()
@@ -151,7 +151,7 @@ def test_trace_records_every_decision_and_agrees_with_the_aggregates(tiny_model,
     path = tmp_path / "trace" / "decisions.jsonl"
     args = ["eval", "--policy", "safe", "--policy", f"model:{tiny_model}", "--task", TASK, "--seeds", "0-1"]
     out = tmp_path / "eval.json"
-    assert cli([*args, "--teacher", "heuristic", "--trace", str(path), "--json", str(out), "--no-progress"]) == 0
+    assert cli([*args, "--teacher", "heuristic", "--trace", str(path), "--json", str(out), "--no_progress"]) == 0
     assert f"wrote {path}" in capsys.readouterr().out
     records = [json.loads(line) for line in path.read_text().splitlines()]
     results = {r["policy"]: r for r in json.loads(out.read_text())["results"]}

@@ -12,9 +12,7 @@ import pytest
 import torch
 from recipe_files import load_recipe
 
-import recruit_trl.pipeline as pipeline
 from recruit_trl.models.generation import LEGAL_FIELD
-from recruit_trl.training.control import rl_trainer_class
 from recruit_trl.training.legal_logprobs import (
     LEGAL_IDS,
     LegalLogprobs,
@@ -22,6 +20,7 @@ from recruit_trl.training.legal_logprobs import (
     legal_head_logps_and_entropy,
     legal_id_tensor,
 )
+from recruit_trl.training.trainer import RecruitGRPOTrainer
 
 
 def test_log_probabilities_are_renormalised_over_the_legal_tokens_where_there_is_a_choice():
@@ -222,38 +221,33 @@ def test_a_batch_the_legal_log_probabilities_would_score_wrongly_is_refused():
     ("mode", "flags"),
     [
         ("branch", ["--horizon", "2"]),
-        ("window", ["--horizon", "1", "--window_turns", "2"]),
         ("episode", ["--episode_decisions", "2", "--episode_groups", "2", "--anchor_days", "0"]),
     ],
 )
-def test_the_trainer_scores_constrained_rollouts_as_they_were_sampled(mode, flags, warm_model, tmp_path, monkeypatch):
+def test_the_trainer_scores_constrained_rollouts_as_they_were_sampled(mode, flags, warm_model, tmp_path):
     seen = []
 
-    def recording(*args):
-        class Recording(rl_trainer_class(*args)):
-            def _generate(self, prompts):
-                result = super()._generate(prompts)
-                seen.append({"sampled": result[4], "fields": set(result[5])})
-                return result
+    class Recording(RecruitGRPOTrainer):
+        def _generate(self, prompts):
+            result = super()._generate(prompts)
+            seen.append({"sampled": result[4], "fields": set(result[5])})
+            return result
 
-            def _generate_and_score_completions(self, inputs):
-                output = super()._generate_and_score_completions(inputs)
-                ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-                mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-                width = output["completion_ids"].size(1)
-                self.model.eval()  # as sampled: no dropout
-                with torch.no_grad():
-                    self._legal = output[LEGAL_IDS]
-                    legal, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, mask, width)
-                    self._legal = None
-                    free, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, mask, width)
-                self.model.train()
-                seen[-1].update(legal=legal, free=free, mask=output["completion_mask"] * output.get("tool_mask", 1))
-                return output
+        def _generate_and_score_completions(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+            mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+            width = output["completion_ids"].size(1)
+            self.model.eval()  # as sampled: no dropout
+            with torch.no_grad():
+                self._legal = output[LEGAL_IDS]
+                legal, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, mask, width)
+                self._legal = None
+                free, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, mask, width)
+            self.model.train()
+            seen[-1].update(legal=legal, free=free, mask=output["completion_mask"] * output.get("tool_mask", 1))
+            return output
 
-        return Recording
-
-    monkeypatch.setattr(pipeline, "rl_trainer_class", recording)
     recipe = load_recipe("grpo_clinical")
     recipe.main(*recipe.parse_args([
         "--model_name_or_path", warm_model, "--mode", mode, *flags, "--constrained_decoding", "true",
@@ -261,7 +255,7 @@ def test_the_trainer_scores_constrained_rollouts_as_they_were_sampled(mode, flag
         "--per_device_train_batch_size", "8", "--num_generations", "4", "--save_strategy", "no",
         "--warm_start", "none", "--report", "false", "--max_steps", "1", "--temperature", "1.5",
         "--output_dir", str(tmp_path),
-    ]))  # fmt: skip
+    ]), trainer_cls=Recording)  # fmt: skip
     assert len(seen) == 1
     (batch,) = seen
     assert LEGAL_FIELD not in batch["fields"]  # handed to the generation batch, not to the reward functions
@@ -276,11 +270,3 @@ def test_the_trainer_scores_constrained_rollouts_as_they_were_sampled(mode, flag
     # TRL's own (whole-vocabulary) log-probabilities of the same tokens are lower wherever the mask cut something
     differ = (batch["free"] < batch["legal"] - 1e-3) & batch["mask"].bool()
     assert differ.any()
-
-
-def test_only_constrained_runs_train_on_legal_log_probabilities():
-    from trl import GRPOTrainer
-
-    assert issubclass(rl_trainer_class(GRPOTrainer, "branch", False, True), LegalLogprobs)
-    assert not issubclass(rl_trainer_class(GRPOTrainer, "branch", False, False), LegalLogprobs)
-    assert issubclass(rl_trainer_class(GRPOTrainer, "episode", True, True), LegalLogprobs)

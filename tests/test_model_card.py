@@ -18,7 +18,7 @@ def test_the_sft_and_rl_folders_get_our_model_card_and_its_usage_example_runs(wa
         "--eval_seeds", "0-1", "--eval_baselines", "heuristic", "--eval_decisions", "false",
     ]  # fmt: skip
     recipe.main(*recipe.parse_args(flags))
-    for folder, stage in ((tmp_path, "### 2. RL: `GRPOTrainer`"), (tmp_path / "sft", "### 1. SFT")):
+    for folder, stage in ((tmp_path, "### 2. RL: `RecruitGRPOTrainer`"), (tmp_path / "sft", "### 1. SFT")):
         card = (folder / "README.md").read_text()
         front = card.split("---\n")[1]
         assert card.startswith("---\n") and "library_name: peft" in front and "- lora" in front, card

@@ -79,7 +79,7 @@ def serve_cmd(port: int, env: str) -> list[str]:
     script = Path(sys.executable).with_name("recruit-trl")
     if not script.exists():
         return env_server_cmd(port, "--env", env)
-    return [str(script), "serve", "--env", env, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    return [str(script), "serve", "--env", env, "--host", "127.0.0.1", "--port", str(port), "--log_level", "warning"]
 
 
 @pytest.fixture

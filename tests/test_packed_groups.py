@@ -69,10 +69,10 @@ class _Packed(PackedGroups, LegalLogprobs, _TRL):
     pass
 
 
-def grouped_batch(vocab: int, window: bool, groups: int = 3, size: int = 4, prompt_tokens=(20, 60), seed: int = 0):
+def grouped_batch(vocab: int, groups: int = 3, size: int = 4, prompt_tokens=(20, 60), seed: int = 0):
     """``groups`` prompts of ``size`` rows each plus one row of its own, as TRL lays them out, with legal ids: each
-    completion forced tokens and choices among 2-6 legal tokens; ``window``: environment tokens (no legal set, not
-    trained) between two decisions; the last row of the first group masked out (a truncated completion)."""
+    completion forced tokens and choices among 2-6 legal tokens; the last row of the first group masked out (a
+    truncated completion)."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(vocab) for _ in range(rng.randint(*prompt_tokens))] for _ in range(groups + 1)]
     rows = [p for p in prompts[:groups] for _ in range(size)] + [prompts[-1]]
@@ -80,13 +80,9 @@ def grouped_batch(vocab: int, window: bool, groups: int = 3, size: int = 4, prom
     completions, legal_rows, trained_rows = [], [], []
     for _ in rows:
         ids, legal, trained = [], [], []
-        for turn in range(2 if window else 1):
-            if turn:
-                env = [rng.randrange(vocab) for _ in range(rng.randint(3, 9))]
-                ids, legal, trained = ids + env, legal + [[] for _ in env], trained + [0] * len(env)
-            for _ in range(rng.randint(3, 7)):
-                options = [rng.randrange(vocab)] if rng.random() < 0.4 else sorted(rng.sample(range(vocab), 4))
-                ids.append(rng.choice(options)), legal.append(options), trained.append(1)
+        for _ in range(rng.randint(3, 7)):
+            options = [rng.randrange(vocab)] if rng.random() < 0.4 else sorted(rng.sample(range(vocab), 4))
+            ids.append(rng.choice(options)), legal.append(options), trained.append(1)
         completions.append(ids), legal_rows.append(legal), trained_rows.append(trained)
     width, plen, n = max(map(len, completions)), max(map(len, rows)), len(rows)
     input_ids = torch.zeros((n, plen + width), dtype=torch.long)
@@ -148,19 +144,17 @@ def _scores(scorer, model, batch, params, weights):
 
 
 CASES = [
-    ("tiny", "branch", True), ("tiny", "branch", False), ("tiny", "window", True), ("tiny", "window", False),
-    ("tiny_lora", "branch", True), ("tiny_lora", "window", False), ("qlora", "branch", True),
-    pytest.param("smollm2", "branch", True, marks=pytest.mark.slow),
-    pytest.param("smollm2", "window", False, marks=pytest.mark.slow),
+    ("tiny", True), ("tiny", False), ("tiny_lora", True), ("tiny_lora", False), ("qlora", True),
+    pytest.param("smollm2", True, marks=pytest.mark.slow),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("kind", "mode", "legal_sets"), CASES)
-def test_packed_log_probabilities_entropies_and_gradients_equal_the_unpacked_ones(kind, mode, legal_sets, warm_model):
+@pytest.mark.parametrize(("kind", "legal_sets"), CASES)
+def test_packed_log_probabilities_entropies_and_gradients_equal_the_unpacked_ones(kind, legal_sets, warm_model):
     model = _model(kind, warm_model, temperature=0.7)
     vocab = model.config.get_text_config().vocab_size
     tokens = (150, 250) if kind == "smollm2" else (20, 60)
-    batch = grouped_batch(vocab, window=mode == "window", prompt_tokens=tokens)
+    batch = grouped_batch(vocab, prompt_tokens=tokens)
     input_ids, attention, legal, trained = batch
     params = [p for p in model.parameters() if p.requires_grad]
     weights = torch.randn((2, *trained.shape), generator=torch.Generator().manual_seed(1)) * trained
@@ -182,7 +176,7 @@ def test_packed_log_probabilities_entropies_and_gradients_equal_the_unpacked_one
         return
     # 30 layers: the unpacked float32 gradient itself lies up to 2e-5 of its norm from the float64 one (measured), so
     # both are compared with the float64 computation: the packed one within the same 2e-5 (measured, largest over the
-    # weights: packed 1.0e-5 / unpacked 2.0e-5 on branch rows, 1.8e-5 / 1.7e-5 on window rows)
+    # weights: packed 1.0e-5 / unpacked 2.0e-5)
     del model
     exact = _model(kind, warm_model, temperature=0.7).double()
     exact_params = [p for p in exact.parameters() if p.requires_grad]
@@ -198,7 +192,7 @@ def test_packed_log_probabilities_entropies_and_gradients_equal_the_unpacked_one
 
 def test_a_batch_without_shared_prompts_takes_the_unpacked_path_and_an_unfit_model_is_refused_once(warm_model, caplog):
     model = _model("tiny", warm_model, temperature=1.0)
-    input_ids, attention, legal, _ = grouped_batch(model.config.vocab_size, window=False, size=1)
+    input_ids, attention, legal, _ = grouped_batch(model.config.vocab_size, size=1)
     packer = _Packed(1.0, legal)
     calls = []
     original = LegalLogprobs._get_per_token_logps_and_entropies
@@ -213,7 +207,7 @@ def test_a_batch_without_shared_prompts_takes_the_unpacked_path_and_an_unfit_mod
         assert calls == [input_ids.size(0)] and not packer._packing_checked
 
         # a model whose attention ignores the packed mask fails the first batch's check: unpacked from then on
-        input_ids, attention, legal, _ = grouped_batch(model.config.vocab_size, window=False)
+        input_ids, attention, legal, _ = grouped_batch(model.config.vocab_size)
         packer, calls[:] = _Packed(1.0, legal), []
         ignored = lambda self, model, ids, width, *rest: (torch.zeros(ids.size(0), width), None)  # noqa: E731
         patch.setattr(PackedGroups, "_packed_logps", ignored)
@@ -262,9 +256,8 @@ def unpacked_trainer():
 
 STEP_CASES = {
     "clinical-branch-constrained": ["--constrained_decoding", "true"],
-    "clinical-window-free-lora-checkpointing": [
-        "--mode", "window", "--horizon", "1", "--window_turns", "2", "--use_peft", "true", "--lora_dropout", "0",
-        "--gradient_checkpointing", "true",
+    "clinical-branch-free-lora-checkpointing": [
+        "--use_peft", "true", "--lora_dropout", "0", "--gradient_checkpointing", "true",
     ],
     "conquest-branch-constrained": [
         "--env", "conquest", "--constrained_decoding", "true", "--anchor_tasks", "duel", "--anchor_seeds", "0-1",

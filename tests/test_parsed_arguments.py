@@ -1,6 +1,7 @@
 """Every recipe parses its command lines to the values it did before the warm start's settings became one dataclass
 (:class:`recruit_trl.training.arguments.WarmStartArguments`): the snapshot ``tests/data/parsed_arguments.json`` was
-written by ``tests/parsed_arguments.py`` from the code before that change, and only the flags renamed by it differ."""
+written by ``tests/parsed_arguments.py`` from the code before that change, and only the flags renamed by it and the
+changes listed here differ."""
 
 from __future__ import annotations
 
@@ -21,8 +22,15 @@ SFT_RENAMED = {
 }  # fmt: skip
 # Flags the RL recipes of recruit_trl.pipeline gained: their warm start takes the SFT recipe's loss choice too.
 ADDED = {"sft_token_metrics": None}
-# Settings removed on purpose: episode mode's optional centring (the trainer now centres the rows it trains, always).
-REMOVED = {"center_advantages"}
+# Settings removed on purpose: episode mode's optional centring (the trainer now centres the rows it trains, always),
+# window mode's turns (the mode is gone: TRL's tool loop takes several decisions per completion) and the action
+# contract (the index contract is the only one: a constant of the prompts, not a setting).
+REMOVED = {"center_advantages", "window_turns", "contract"}
+# Choices that were "decided by the model" when unset (None) and now default to what they resolved to: the tiny model
+# built here trains every weight, plays whole episodes in the report and trains its warm start on the model's own
+# cross-entropy (recruit_trl.training.defaults.TINY_DEFAULTS); any other model trains LoRA adapters, is measured at
+# decision level and trains through TRL's loss.
+MODEL_DECIDED = ("sft_full_finetune", "rl_full_finetune", "eval_episodes", "sft_token_metrics")
 PIPELINE_RECIPES = ("grpo_clinical", "reinforce_clinical", "grpo_conquest")
 # What later changes added or changed on purpose: bench_rollout's --profile, and the rewards that conquest's episodes
 # and TRL's tool loop learn from (the environment's "rl/episode" defaults: the reward functions' one meaning in every
@@ -36,6 +44,19 @@ def intended_changes(recipe: str, argv: list[str]) -> dict:
     if recipe == "grpo_environment_factory":
         return EPISODE_REWARDS
     return {}
+
+
+def resolved(recipe: str, before: dict) -> dict:
+    """The values the model-decided choices of ``before`` resolved to (``None`` then), and ``use_peft`` of an SFT
+    recipe on conquest: ``sft_conquest.py`` turned it off for the tiny model after parsing, the game's ``sft:tiny``
+    default now does, for ``sft_clinical.py --env conquest`` too (which trained a LoRA adapter on it)."""
+    tiny = before["model_name_or_path"] == "tiny" and not (before["load_in_4bit"] or before["load_in_8bit"])
+    out = {name: name != "sft_token_metrics" and tiny for name in MODEL_DECIDED if before.get(name, False) is None}
+    if "sft_token_metrics" in out:
+        out["sft_token_metrics"] = before["model_name_or_path"] != "tiny"
+    if recipe.startswith("sft_") and before["env_name"] == "conquest":
+        out["use_peft"] = not tiny
+    return out
 
 
 WARM_START = {f.name for f in fields(WarmStartArguments)}
@@ -65,7 +86,7 @@ def test_every_recipe_parses_as_before(recipe, argv, monkeypatch):
         before = {name: value for name, value in before.items() if name not in WARM_START}
     elif recipe in PIPELINE_RECIPES:
         before = {**ADDED, **before}
-    before = {**before, **intended_changes(recipe, list(argv))}
+    before = {**before, **intended_changes(recipe, list(argv)), **resolved(recipe, before)}
     before = {name: value for name, value in before.items() if name not in REMOVED}
     assert now == before, {k: (before.get(k, "-"), now.get(k, "-")) for k in before.keys() | now.keys()
                            if before.get(k, "-") != now.get(k, "-")}  # fmt: skip
@@ -87,13 +108,14 @@ def test_a_recipe_yaml_holds_only_what_differs_from_the_recipe_defaults(recipe, 
 
 
 def test_the_environment_and_the_model_are_read_by_the_parsers_first_pass(tmp_path):
-    """:func:`recipe_choice` reads only ``--env`` / ``--env_name`` and ``--model_name_or_path`` (on the command line,
-    else in the ``--config`` YAML), by TRL's parser: no abbreviation (``--mode`` is not ``--model_name_or_path``), the
-    ``--flag=value`` form, and every other flag left to the second pass."""
+    """:func:`recipe_choice` reads only ``--env`` / ``--env_name``, ``--model_name_or_path``, its quantisation and
+    ``--mode`` (on the command line, else in the ``--config`` YAML), by TRL's parser: no abbreviation (``--mode`` is
+    not ``--model_name_or_path``), the ``--flag=value`` form, and every other flag left to the second pass."""
     from recruit_trl.training.defaults import recipe_choice
 
     choice = recipe_choice(["--mode", "episode", "--env=conquest", "--tasks", "duel", "--load_in_4bit"])
-    assert (choice.env_name, choice.model_name_or_path) == ("conquest", "")
+    assert (choice.env_name, choice.model_name_or_path, choice.mode) == ("conquest", "", "episode")
+    assert choice.load_in_4bit and not choice.load_in_8bit
     config = tmp_path / "run.yaml"
     config.write_text("env_name: conquest\nmodel_name_or_path: smollm2\nmax_steps: 3\n")
     assert recipe_choice(["--config", str(config)]).model_name_or_path == "smollm2"

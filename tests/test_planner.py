@@ -111,8 +111,8 @@ def test_one_candidate_plays_the_models_own_sampled_episodes(tiny_model):
 
 def test_the_planner_plays_legal_actions_and_reports_its_cost(tiny_model, tmp_path, capsys):
     out, trace = tmp_path / "planner.json", tmp_path / "trace.jsonl"
-    argv = ["eval", "--env", "clinical", "--task", TASK, "--seeds", "0-1", "--constrained", "--no-progress",
-            "--policy", f"planner:model:{tiny_model}", "--planner-candidates", "4", "--planner-continuations", "2",
+    argv = ["eval", "--env", "clinical", "--task", TASK, "--seeds", "0-1", "--constrained", "--no_progress",
+            "--policy", f"planner:model:{tiny_model}", "--planner_candidates", "4", "--planner_continuations", "2",
             "--json", str(out), "--trace", str(trace)]  # fmt: skip
     assert cli(argv) == 0
     printed = capsys.readouterr().out

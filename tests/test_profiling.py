@@ -103,7 +103,7 @@ def test_the_model_passes_are_told_apart_by_where_they_run(tiny_model):
 
 def test_eval_profile_prints_where_the_seconds_go(tiny_model, tmp_path, capsys):
     out = tmp_path / "eval.json"
-    args = ["eval", "--policy", f"model:{tiny_model}", "--task", TASK, "--seeds", "0", "--no-progress"]
+    args = ["eval", "--policy", f"model:{tiny_model}", "--task", TASK, "--seeds", "0", "--no_progress"]
     assert cli([*args, "--profile", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "prefill" in printed and "environment" in printed and "total" in printed

@@ -168,7 +168,7 @@ def test_recruit_trl_eval_commands(warm_model, server_url, tmp_path):
     for command in commands:
         command = re.sub(r"model:outputs/grpo_clinical(/sft)?", f"model:{warm_model}", command)  # GRPO or SFT
         command = command.replace("http://127.0.0.1:8000", server_url)
-        argv = [*shlex.split(command), "--seeds", "0", "--task", "hard_bench_stage_30", "--no-progress"]
+        argv = [*shlex.split(command), "--seeds", "0", "--task", "hard_bench_stage_30", "--no_progress"]
         proc = run(argv, cwd=tmp_path)
         assert "hard_bench_stage_30" in proc.stdout
     assert (tmp_path / "r.json").is_file() and (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
@@ -186,7 +186,7 @@ def test_conquest_commands(tmp_path):
             if not skip and arg not in ("--task", "--seeds", "--json"):
                 argv.append(arg)
             skip = arg in ("--task", "--seeds", "--json")
-        proc = run([*argv, "--task", "duel", "--seeds", "0", "--no-progress", "--json", f"c{k}.json"], cwd=tmp_path)
+        proc = run([*argv, "--task", "duel", "--seeds", "0", "--no_progress", "--json", f"c{k}.json"], cwd=tmp_path)
         assert "duel" in proc.stdout and "win_rate" in (tmp_path / f"c{k}.json").read_text()
     (golden,) = commands_matching("python -m env.conquest.golden")
     assert run(shlex.split(golden), cwd=ROOT).stdout.strip().splitlines()[-1].endswith(", 0 failed")
@@ -199,8 +199,8 @@ def test_conquest_commands(tmp_path):
 
 def test_conquest_benchmark_command(tmp_path):
     (command,) = commands_matching("recruit-trl benchmark --env conquest")
-    tiny = "--tasks duel --train-seeds 0 --fixed-seeds 1 --heldout-seeds 2 --fixed-size 8 --heldout-size 20"
-    tiny += " --data sets --json b.json --no-progress"
+    tiny = "--tasks duel --train_seeds 0 --fixed_seeds 1 --heldout_seeds 2 --fixed_size 8 --heldout_size 20"
+    tiny += " --data sets --json b.json --no_progress"
     proc = run(shlex.split(f"{command} {tiny}"), cwd=tmp_path)
     assert "set fixed (8 rows" in proc.stdout and "set heldout (20 rows" in proc.stdout
     assert (tmp_path / "b.json").is_file()

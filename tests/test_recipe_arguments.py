@@ -65,6 +65,10 @@ def test_a_bad_value_is_one_error_line_and_exit_status_2(tmp_path, recipe, flags
         (["--eval_baselines", "heuristic", "nobody"], r"--eval_baselines: Unknown policy: 'nobody'"),
         (["--anchor_tasks", "easy"], r"--anchor_tasks: unknown task\(s\) \['easy'\]"),
         (["--load_in_4bit", "--rl_full_finetune", "true"], r"quantised model .* drop --rl_full_finetune true"),
+        (["--load_in_4bit", "--use_peft", "false"], r"quantised model .* drop --use_peft false"),
+        (["--mode", "window"], r"--mode window was removed: use --mode branch\|episode, or TRL's tool loop"),
+        (["--window_turns", "2"], r"--window_turns was removed with window mode: use --mode branch\|episode"),
+        (["--contract=json"], r"--contract was removed: the index contract is the only one"),
         # A reward that cannot apply in the mode or to the environment: refused, not silently missing.
         (["--mode", "episode", *TWO_REWARDS, "teacher_match_reward"], r"teacher_match_reward .*: episode mode has no"),
         ([*TWO_REWARDS, "potential_reward"], r"--reward_funcs potential_reward: this environment defines no potentia"),
@@ -107,6 +111,10 @@ def test_good_values_still_parse(tmp_path):
         "student", ["hard_bench_stage_30"], 4
     )  # fmt: skip
     assert model_args.load_in_4bit and training_args.activation_checkpointing is False
+    # the tiny model quantised: LoRA adapters in both stages (its full fine-tuning defaults do not apply)
+    assert (script_args.sft_full_finetune, script_args.rl_full_finetune, script_args.eval_episodes) == (
+        False, False, True
+    )  # fmt: skip
 
 
 def test_the_sft_and_tool_loop_recipes_check_their_values_too(tmp_path):

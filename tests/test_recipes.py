@@ -18,12 +18,12 @@ from datasets import load_from_disk
 from recipe_files import load_recipe, resolutions
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
-from trl import GRPOTrainer
 
 import env.clinical.agent  # noqa: F401
 from recruit_trl.models.build_cache import METADATA_FILE
 from recruit_trl.training.model_setup import RunSetup
 from recruit_trl.training.sft_data import best_round
+from recruit_trl.training.trainer import RecruitGRPOTrainer
 
 ROOT = Path(__file__).parents[1]
 SMALL = [
@@ -56,8 +56,8 @@ def test_grpo_recipe_trains_lora_and_logs_metrics(warm_model, tmp_path):
     assert json.loads((tmp_path / "run_info.json").read_text())["world_size"] == 1
 
 
-class CountingGRPOTrainer(GRPOTrainer):
-    """TRL's trainer counting its optimizer micro-steps (``training_step`` calls) across instances."""
+class CountingGRPOTrainer(RecruitGRPOTrainer):
+    """The recipes' trainer counting its optimizer micro-steps (``training_step`` calls) across instances."""
 
     steps = 0
 
@@ -143,13 +143,6 @@ def test_sft_recipe_learning_rate_reaches_its_optimizer(warm_model, tmp_path):
     assert (used["trainer"]["gradient_accumulation_steps"], used["trainer"]["per_device_train_batch_size"]) == (2, 4)
 
 
-def test_grpo_recipe_window_mode_runs(warm_model, tmp_path):
-    recipe = load_recipe("grpo_clinical")
-    flags = ["--model_name_or_path", warm_model, "--max_steps", "1", "--output_dir", str(tmp_path), *SMALL]
-    trainer = recipe.main(*recipe.parse_args([*flags, "--mode", "window", "--window_turns", "2"]))
-    assert any("rollout/fallback_rate" in h for h in trainer.state.log_history)
-
-
 def test_sft_recipe_trains_and_reports(warm_model, tmp_path):
     recipe = load_recipe("sft_clinical")
     args = recipe.parse_args(
@@ -167,7 +160,7 @@ def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
     from trl import SFTConfig
 
     from recruit_trl.training.sft_data import build_sft_datasets
-    from recruit_trl.training.warm_start import WarmStartSFTTrainer, token_metrics
+    from recruit_trl.training.warm_start import WarmStartSFTTrainer
 
     recipe = load_recipe("sft_clinical")
     interface = env.clinical.agent.CLINICAL
@@ -181,9 +174,10 @@ def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
         with torch.no_grad():
             losses.append(trainer.compute_loss(trainer.model, dict(batch)).item())
     assert losses[0] == pytest.approx(losses[1], rel=1e-5) and losses[0] > 0
-    warm = recipe.parse_args(["--model_name_or_path", warm_model])[1]
-    assert token_metrics(warm, warm_model) is False  # unset: the tiny model's vocabulary is small
-    assert token_metrics(recipe.parse_args(["--sft_token_metrics", "true"])[1], warm_model) is True
+    # The tiny model's default (also from a folder it was built in): its vocabulary is small; TRL's loss otherwise.
+    assert recipe.parse_args(["--model_name_or_path", warm_model])[1].sft_token_metrics is False
+    assert recipe.parse_args(["--sft_token_metrics", "true"])[1].sft_token_metrics is True
+    assert recipe.parse_args(["--model_name_or_path", "smollm2"])[1].sft_token_metrics is True
     with pytest.raises(SystemExit):
         recipe.parse_args(["--sft_token_metrics", "maybe"])
 
@@ -272,7 +266,7 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path, monkeypatch)
     ]  # fmt: skip
     recipe.main(*recipe.parse_args(flags))
     assert resolved == [warm_model]  # resolved once; the warm start, RL and the report are handed the folder
-    sft_dir = tmp_path / "sft"  # --sft_full_finetune unset: a tiny model built here is fully fine-tuned
+    sft_dir = tmp_path / "sft"  # --sft_full_finetune's default for a tiny model built here: every weight
     assert (sft_dir / "model.safetensors").is_file() and not (sft_dir / "adapter_config.json").exists()
     assert (tmp_path / "model.safetensors").is_file() and not (tmp_path / "adapter_config.json").exists()
     report = json.loads((tmp_path / "report.json").read_text())
@@ -290,7 +284,7 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path, monkeypatch)
     assert round_args.num_train_epochs == 0.5  # --dagger_epochs reaches the DAgger rounds
     selection = report["sft"]["round_selection"]  # one DAgger round: rounds 0 and 1 played, the better kept
     assert len(selection["student_scores"]) == 2 and selection["selected_round"] in (0, 1)
-    assert report["config"]["sft_full_finetune_resolved"] is True  # unset, resolved for a tiny model built here
+    assert report["config"]["sft_full_finetune_resolved"] is True  # the tiny model's defaults
     assert report["config"]["rl_full_finetune_resolved"] is True
     built = json.loads((Path(warm_model) / METADATA_FILE).read_text())["num_parameters"]
     assert report["config"]["model"]["num_parameters"] == built > 0  # the size of the model trained
@@ -345,7 +339,7 @@ def test_rl_on_a_fully_fine_tuned_start_trains_every_weight_or_a_fresh_adapter(w
     trainer = recipe.main(*recipe.parse_args(flags))
     # RL reads text with the warm start's tokenizer (the base may be another tiny build, with another vocabulary).
     assert trainer.processing_class.name_or_path == str(sft)
-    if choice is None:  # unset, for the tiny model built here: every weight trains, and the saved model is a whole one
+    if choice is None:  # the tiny model's default: every weight trains, and the saved model is a whole one
         assert (out / "model.safetensors").is_file() and not (out / "adapter_config.json").exists()
         after = dict(trainer.model.named_parameters())
         assert sum(not torch.equal(before[n], after[n].detach().cpu()) for n in before) > len(before) // 2
@@ -434,7 +428,7 @@ def test_a_pretrained_model_trains_lora_adapters_in_the_warm_start_and_in_rl(war
         "--sft_train_seeds", "300", "--sft_epochs", "0.2", "--dagger_rounds", "0", "--lora_r", "4",
     ]  # fmt: skip
     trainer = recipe.main(*recipe.parse_args(flags))
-    for folder in (out / "sft", out):  # --sft_full_finetune and --rl_full_finetune unset: LoRA for every stage
+    for folder in (out / "sft", out):  # --sft_full_finetune and --rl_full_finetune false by default: LoRA
         assert (folder / "adapter_model.safetensors").is_file() and not (folder / "model.safetensors").exists()
         assert json.loads((folder / "adapter_config.json").read_text())["r"] == 4  # ModelConfig reaches both stages
     info = json.loads((out / "run_info.json").read_text())

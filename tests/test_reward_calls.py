@@ -1,6 +1,6 @@
 """Reward functions are called as TRL 1.16 calls them, in every mode (``rewards.call_reward_funcs``).
 
-TRL's ``GRPOTrainer`` calls the reward functions itself on branch and window rows; recruit_trl calls them on episode
+TRL's ``GRPOTrainer`` calls the reward functions itself on branch rows; recruit_trl calls them on episode
 mode's step rows and on the tool loop's steps. A TRL-style function that reads ``prompts``, ``trainer_state`` and
 ``completion_ids`` gets them in every mode: through TRL's own trainer (a tiny model, generation scripted) for the
 rollout modes, and through TRL's own ``_calculate_rewards`` for the tool loop. The sums are checked against TRL's code
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
@@ -28,10 +29,10 @@ import rewards
 from recruit_trl.models.tokenizer import build_tokenizer
 from recruit_trl.rollout.anchors import Anchor, anchor_dataset
 from recruit_trl.rollout.config import ROW_FIELDS, RolloutConfig
-from recruit_trl.rollout.rollout_funcs import BranchRollout, EpisodeRollout, WindowRollout
+from recruit_trl.rollout.rollout_funcs import BranchRollout, EpisodeRollout
 from recruit_trl.rollout.tool_env import environment_dataset, environment_factory, reward_part_funcs
 from recruit_trl.traces import collect_traces
-from recruit_trl.training.episode_trainer import episode_trainer
+from recruit_trl.training.trainer import RecruitGRPOTrainer
 from rewards import call_reward_funcs, get_reward_funcs, hypothesis_reward, unscorable_as_zero
 
 TOY = "tests.toy_env:TOY"
@@ -90,21 +91,18 @@ def dataset_rows(trainer):
     return [dict(trainer.train_dataset[0]) for _ in range(trainer.num_generations)]
 
 
-@pytest.mark.parametrize(("rollout_cls", "mode"), [(BranchRollout, {}), (WindowRollout, {"window_turns": 2})])
-def test_branch_and_window_rows_reach_the_functions_through_trls_own_path(tokenizer, tmp_path, monkeypatch,
-                                                                          rollout_cls, mode):  # fmt: skip
+def test_branch_rows_reach_the_functions_through_trls_own_path(tokenizer, tmp_path, monkeypatch):
     """TRL calls the functions on the rollout's rows: the dataset's prompt (the anchor key) and columns, the
     rollout's ids and fields, the trainer's state."""
     monkeypatch.setattr(rollout_mod, "sample", ScriptedSampler(tokenizer, ANSWERS))
-    mode = {"mode": "window", **mode} if rollout_cls is WindowRollout else mode
-    config = RolloutConfig(env_name=TOY, continuation_policy="wanderer", horizon=2, **mode)
+    config = RolloutConfig(env_name=TOY, continuation_policy="wanderer", horizon=2)
     curious, calls = curious_reward()
-    trainer = tiny_trainer(tokenizer, tmp_path, rollout_cls(config, toy_env.TOY), [curious])
+    trainer = tiny_trainer(tokenizer, tmp_path, BranchRollout(config, toy_env.TOY), [curious])
     trainer._generate_and_score_completions(dataset_rows(trainer))
     (call,) = calls
     assert call["prompts"] == [ANCHOR.key()] * 2 and call["trainer_state"] is trainer.state
     ids = [tokenizer(a, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for a in ANSWERS[:2]]
-    assert [c[: len(i)] for c, i in zip(call["completion_ids"], ids, strict=True)] == ids  # window: then env text
+    assert call["completion_ids"] == ids
     assert call["names"] >= TRL_NAMES | {"task", "seed", "day", "policy", "valid", "scored_steps", "progress"}
     assert call["kwargs"]["task"] == ["near"] * 2 and call["kwargs"]["seed"] == [3] * 2
 
@@ -118,7 +116,9 @@ def test_episode_step_rows_get_what_trl_passes_for_the_rows_it_scores(tokenizer,
     curious, calls = curious_reward()
     funcs = [curious, rewards.final_score_reward]
     rollout = EpisodeRollout(config, toy_env.TOY)
-    trainer = tiny_trainer(tokenizer, tmp_path, rollout, funcs, trainer_cls=episode_trainer(GRPOTrainer))
+    trainer = tiny_trainer(
+        tokenizer, tmp_path, rollout, funcs, trainer_cls=partial(RecruitGRPOTrainer, episode_advantages=True)
+    )
     trainer._generate_and_score_completions(dataset_rows(trainer))
     steps, trl = calls  # the rollout's call on the step rows, then TRL's on the rows it trains
     assert steps["names"] == trl["names"] - {"advantage"} and steps["names"] >= TRL_NAMES | {"task", "seed", "day"}

@@ -135,14 +135,3 @@ def test_weighted_rewards_sum_as_trl_does_by_hand():
     assert weighted_rewards(funcs[:1], None, kw, COMPLETIONS)[0] == [None, 0.61, None]  # no weights: 1 each
     with pytest.raises(ValueError, match="one weight per reward function"):
         weighted_rewards(funcs, [1.0], kw, COMPLETIONS)
-
-
-@pytest.mark.parametrize("name", ["episode_outcome", "step_reward"])
-def test_an_interface_overriding_a_retired_reward_method_is_refused_when_defined(name):
-    """Episode mode's rewards come from the reward functions; an interface still defining the methods it read before
-    would be ignored silently, so its class is refused with what replaces them."""
-    from recruit_trl.protocol import EnvInterface
-
-    with pytest.raises(TypeError, match=f"{name} is no longer called: .*reward_funcs"):
-        type("OldInterface", (EnvInterface,), {name: lambda self, *args: 0.0})
-    type("NewInterface", (EnvInterface,), {"potential": lambda self, obs: 0.5})  # today's way: accepted

@@ -1,4 +1,4 @@
-"""Rollout functions: output contract, group contiguity and common random numbers, fallback, window masks.
+"""Rollout functions: output contract, group contiguity and common random numbers, fallback, constrained decoding.
 
 Generation is scripted (the sampler is replaced by fixed texts) so the tests pin down the rollout logic
 exactly; the real model path is covered by the recipe smoke tests.
@@ -19,7 +19,7 @@ from recruit_trl.models.tokenizer import build_tokenizer
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.anchors import Anchor
 from recruit_trl.rollout.config import RolloutConfig
-from recruit_trl.rollout.rollout_funcs import BranchRollout, WindowRollout, env_turn_template, make_rollout
+from recruit_trl.rollout.rollout_funcs import BranchRollout, EpisodeRollout, make_rollout
 from recruit_trl.traces import collect_traces
 from rewards import DEFAULT_REWARD_WEIGHTS, DEFAULT_REWARDS, get_reward_funcs, weighted_rewards
 
@@ -172,25 +172,21 @@ def test_invalid_output_plays_the_fallback(tokenizer, monkeypatch):
     assert out["action_type"] == [fallback[0]] * 2 + [fallback[1]] * 2
 
 
-@pytest.mark.parametrize("mode", ["branch", "window"])
-def test_constrained_decoding_offers_every_listed_answer_and_nothing_else(tokenizer, monkeypatch, mode):
-    config = RolloutConfig(
-        env_name="clinical", mode=mode, horizon=2, **({"self_horizon": 2} if mode == "branch" else {"window_turns": 2})
-    )
+def test_constrained_decoding_offers_every_listed_answer_and_nothing_else(tokenizer, monkeypatch):
+    config = RolloutConfig(env_name="clinical", horizon=2, self_horizon=2)
     _, sampler = run(make_rollout(config, INTERFACE), tokenizer, monkeypatch, ['{"action_index": 0}'], group=2)
     assert sampler.allowed and all(a is None for a in sampler.allowed)  # off by default: free generation
 
     constrained = make_rollout(replace(config, constrained_decoding=True), INTERFACE)
     out, sampler = run(constrained, tokenizer, monkeypatch, ['{"action_index": 0}'], group=2)
-    assert len(sampler.allowed) == (3 if mode == "branch" else 2)  # then two greedy days, or a second turn
+    assert len(sampler.allowed) == 3  # then two greedy days
     listed = [len(INTERFACE.candidate_actions(_state(a).obs)) for a in ANCHORS for _ in range(2)]
     first = [[tokenizer.decode(ids) for ids in answers] for answers in sampler.allowed[0]]
     assert first == [[f'{{"action_index": {k}}}' for k in range(n)] for n in listed]
     assert out["valid"] == [1.0] * 4
-    # the tokens allowed at every completion position travel to the trainer; environment text has none
-    mask = out.get("env_mask", [[1] * len(c) for c in out["completion_ids"]])
-    for ids, legal, m in zip(out["completion_ids"], out[LEGAL_FIELD], mask, strict=True):
-        assert legal == [[tok] if keep else [] for tok, keep in zip(ids, m, strict=True)]
+    # the tokens allowed at every completion position travel to the trainer
+    for ids, legal in zip(out["completion_ids"], out[LEGAL_FIELD], strict=True):
+        assert legal == [[tok] for tok in ids]
 
 
 def _state(anchor):
@@ -199,42 +195,16 @@ def _state(anchor):
     return AnchorCache(INTERFACE).get(anchor)
 
 
-def test_window_mode_masks_environment_text(tokenizer, monkeypatch):
-    texts = ['{"action_index": 0}', '{"action_index": 1}', "???"]
-    rollout = WindowRollout(
-        RolloutConfig(
-            env_name="clinical", continuation_policy="grader_heuristic", mode="window", window_turns=3, horizon=2
-        )
-    )
-    out, sampler = run(rollout, tokenizer, monkeypatch, texts, group=3)
-    assert len(sampler.calls) == 3  # one batched generate per turn
-    before, after = env_turn_template(tokenizer)
-    assert (before, after) == ("\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
-    for row, (ids, mask, lps) in enumerate(zip(out["completion_ids"], out["env_mask"], out["logprobs"], strict=True)):
-        assert len(ids) == len(mask) == len(lps)
-        assert mask[0] == 1 and mask[-1] == 1 and 0 in mask
-        # Model tokens are exactly what the sampler produced, in order, never re-tokenised.
-        model_ids = [t for t, m in zip(ids, mask, strict=True) if m == 1]
-        first = tokenizer(texts[row % 3], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        assert model_ids[: len(first)] == first
-        env_text = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m == 0])
-        assert "Day " in env_text and "Actions:" in env_text
-    assert out["scored_steps"][0] == 3 + 2
-    assert 0.0 <= min(out["valid"]) <= max(out["valid"]) <= 1.0
-
-
 def test_make_rollout_and_config_validation():
-    assert isinstance(
-        make_rollout(RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", mode="window")),
-        WindowRollout,
-    )
+    assert isinstance(make_rollout(RolloutConfig(env_name="clinical", mode="episode")), EpisodeRollout)
     with pytest.raises(ValueError, match="mode"):
         RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", mode="episode-at-once")
-    with pytest.raises(ValueError, match="contract"):
-        RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", contract="yaml")
+    removed = r"--mode window was removed: use --mode branch\|episode, or TRL's tool loop \(recipes/grpo_environment"
+    with pytest.raises(ValueError, match=removed):
+        RolloutConfig(env_name="clinical", mode="window")
 
 
-@pytest.mark.parametrize("mode", ["branch", "window"])
+@pytest.mark.parametrize("mode", ["branch", "episode"])
 def test_an_anchor_after_the_end_of_its_episode_is_a_clear_error(tokenizer, mode):
     rollout = make_rollout(
         RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", mode=mode, horizon=2)
@@ -363,7 +333,7 @@ def test_self_horizon_is_checked():
     with pytest.raises(ValueError, match="self_horizon"):
         RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", horizon=5, self_horizon=6)
     with pytest.raises(ValueError, match="self_horizon"):
-        RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", mode="window", self_horizon=2)
+        RolloutConfig(env_name="clinical", continuation_policy="grader_heuristic", mode="episode", self_horizon=2)
 
 
 def _heuristic_indices() -> list[int]:
@@ -399,21 +369,6 @@ def test_teacher_match_compares_each_row_with_the_teacher_in_the_same_state(toke
     assert plain["teacher_match"] == [None] * 8
     assert plain["env_return"] == out["env_return"]  # asking the teacher does not disturb the outcomes
 
-    window = WindowRollout(
-        RolloutConfig(
-            env_name="clinical",
-            continuation_policy="grader_heuristic",
-            mode="window",
-            window_turns=2,
-            horizon=1,
-            reward_teacher="grader_heuristic",
-        )
-    )
-    first_turn, _ = run(window, tokenizer, monkeypatch, texts)
-    assert [m >= 0.5 for m in first_turn["teacher_match"][:2]] == [True, True]  # the first of two turns matched
-    assert all(0.0 <= m <= 1.0 for m in first_turn["teacher_match"])
-    assert first_turn["teacher_match"][3] == 0.0  # unparseable twice
-
 
 def test_teacher_match_reward_needs_a_teacher():
     from recruit_trl.training.arguments import ScriptArguments
@@ -429,13 +384,14 @@ def test_teacher_match_reward_needs_a_teacher():
 
 
 @pytest.mark.parametrize("flag", ["sft_full_finetune", "rl_full_finetune", "eval_episodes"])
-def test_three_way_choices_are_booleans_or_unset(flag, capsys):
-    """``--sft_full_finetune`` and the like: unset (decided by the model), true or false; anything else stops the
-    parser with a message naming the flag."""
+def test_model_dependent_choices_are_booleans(flag, capsys):
+    """``--sft_full_finetune`` and the like: false unless set (the tiny model's true comes from the recipes'
+    defaults, tests/test_parsed_arguments.py), true or false; anything else stops the parser with a message naming
+    the flag."""
     from recruit_trl.training.arguments import ScriptArguments
 
     parse = TrlParser((ScriptArguments,)).parse_args_and_config
-    assert getattr(parse(["--env", "clinical"])[0], flag) is None
+    assert getattr(parse(["--env", "clinical"])[0], flag) is False
     assert getattr(parse(["--env", "clinical", f"--{flag}", "False"])[0], flag) is False
     assert getattr(parse(["--env", "clinical", f"--{flag}", "true"])[0], flag) is True
     with pytest.raises(SystemExit):

@@ -44,7 +44,7 @@ def server():
 
 @pytest.fixture(scope="session")
 def small_server():
-    proc, url = _serve("--max-sessions", "2", "--max-sessions-per-client", "2")  # every test client is 127.0.0.1
+    proc, url = _serve("--max_sessions", "2", "--max_sessions_per_client", "2")  # every test client is 127.0.0.1
     yield url
     stop_server(proc)
 
@@ -285,7 +285,7 @@ def test_session_limit_503_without_eviction(small_server):
         a.post("/step", json=SCREEN)
         r = c.post("/reset")
         assert r.status_code == 503
-        assert r.json() == {"detail": "Session limit reached (2). Retry later or raise --max-sessions."}
+        assert r.json() == {"detail": "Session limit reached (2). Retry later or raise --max_sessions."}
         assert a.post("/reset").status_code == 200  # a client holding a session can always start over
         assert b.post("/step", json=SCREEN).status_code == 200  # nobody was evicted
         assert a.get("/state").json()["step"] == 0
@@ -307,7 +307,7 @@ def test_loadtest_cli_smoke(server, tmp_path):
     out = tmp_path / "lt.json"
     for transport in ("http", "ws"):
         argv = ["--url", server, "--sessions", "4", "--task", "hard_bench_stage_30", "--transport", transport]
-        assert loadtest.main([*argv, "--max-seconds", "60", "--json", str(out)]) == 0
+        assert loadtest.main([*argv, "--max_seconds", "60", "--json", str(out)]) == 0
         result = json.loads(out.read_text())["result"]
         assert result["episodes_finished"] == 4 and result["errors"] == 0 and result["mismatches"] == 0
         assert result["steps"] == 120
@@ -463,7 +463,7 @@ def test_loadtest_sends_the_token_and_checks_the_per_client_cap(token_server, sm
     argv = ["--url", token_server, "--sessions", "2", "--task", "hard_bench_stage_30", "--json", str(out)]
     assert loadtest.main([*argv, "--token", "s3cret", "--transport", "ws"]) == 0
     assert json.loads(out.read_text())["result"]["errors"] == 0
-    with pytest.raises(SystemExit, match="--max-sessions-per-client 4"):
+    with pytest.raises(SystemExit, match="--max_sessions_per_client 4"):
         loadtest.main(["--url", small_server, "--sessions", "4", "--task", "hard_bench_stage_30"])
 
 
@@ -476,7 +476,7 @@ def test_server_log_has_one_warning_for_invalid_utf8_and_no_token(tmp_path):
 
     secret = "SECRET-t0ken"
     port = free_port()
-    cmd = env_server_cmd(port, "--token", secret, "--log-level", "info", "--access-log")
+    cmd = env_server_cmd(port, "--token", secret, "--log_level", "info", "--access_log")
     log = tmp_path / "server.log"
     with log.open("w") as out:
         proc, url = start_server(cmd, port, headers={"authorization": f"Bearer {secret}"}, log=out)

@@ -236,7 +236,7 @@ def witness(remote: RemoteEnv, seed: int):
 
 def test_fuzzed_server_never_fails_and_keeps_other_episodes_exact():
     port = free_port()
-    proc, url = start_server(env_server_cmd(port, "--max-sessions", "16", "--max-body-bytes", str(BODY_LIMIT)), port)
+    proc, url = start_server(env_server_cmd(port, "--max_sessions", "16", "--max_body_bytes", str(BODY_LIMIT)), port)
     rng = random.Random(SEED)
     ws_url = url.replace("http://", "ws://") + "/ws"
     http_state = {"sid": None, "obs": None, "resets": 0, "issued": set()}

@@ -225,7 +225,7 @@ def test_websocket_capacity_and_shared_limit():
         assert ws.receive_json()["type"] == "observation"
         r = c.post("/reset")
         assert r.status_code == 503
-        assert r.json() == {"detail": "Session limit reached (1). Retry later or raise --max-sessions."}
+        assert r.json() == {"detail": "Session limit reached (1). Retry later or raise --max_sessions."}
         with c.websocket_connect(WS_URL) as ws2:
             err = ws2.receive_json()
             assert err["type"] == "error" and err["data"]["code"] == "CAPACITY_REACHED"

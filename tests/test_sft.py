@@ -129,5 +129,6 @@ def test_the_warm_start_settings_are_one_dataclass_that_every_recipe_parses():
         WarmStartArguments(sft_data="rows")
     with pytest.raises(ValueError, match=r"--sft_epsilon must be in \[0, 1\]"):
         WarmStartArguments(sft_epsilon=2)
-    with pytest.raises(ValueError, match="contract"):
-        SFTScriptArguments(env_name="clinical", contract="yaml")
+    assert SFTScriptArguments(env_name="clinical").contract == "index"  # the one contract, not a setting
+    with pytest.raises(TypeError, match="contract"):
+        SFTScriptArguments(env_name="clinical", contract="json")

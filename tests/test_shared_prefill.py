@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_tree_decoding import states
+from test_tree_decoding import answers_of, states
 from transformers import GenerationConfig
 
-from recruit_trl.contracts import answer_texts, build_messages
+from recruit_trl.contracts import build_messages
 from recruit_trl.models import generation
 from recruit_trl.models.generation import answer_token_ids, encode_prompt, eos_ids, prefix_tree, sample
 from recruit_trl.models.loading import load_for_inference
@@ -30,14 +30,15 @@ def per_row(rows):
 
 @pytest.fixture(scope="module")
 def clinical(warm_model):
-    """The warm model, its tokenizer and real clinical prompts with their answers, per contract."""
+    """The warm model, its tokenizer and real clinical prompts with their answers: the contract's (``"index"``) and
+    the candidate actions written out (``"actions"``: longer forced prefixes), under the same prompts."""
     model, tokenizer = load_for_inference(warm_model)
     interface = get_env_interface("clinical")
     cases = states("clinical", ["easy_bench", "hard_bench"], range(2), 60, 8)[:8]
     prompts, answers = {}, {}
-    for contract in ("index", "json"):
-        prompts[contract] = [encode_prompt(tokenizer, build_messages(interface, o, [], contract, c)) for o, c in cases]
-        answers[contract] = [answer_texts(contract, c) for _, c in cases]
+    for kind in ("index", "actions"):
+        prompts[kind] = [encode_prompt(tokenizer, build_messages(interface, o, [], "index", c)) for o, c in cases]
+        answers[kind] = [answers_of(kind, c) for _, c in cases]
     assert len({len(p) for p in prompts["index"]}) > 4  # different lengths: left padding
     return model, tokenizer, prompts, answers
 
@@ -83,23 +84,23 @@ def test_distinct_rows_lists_each_token_list_once_in_order():
     assert generation.distinct_rows([]) == ([], [])
 
 
-GREEDY_CASES = [  # (path, contract, in a LoRA adapter)
+GREEDY_CASES = [  # (path, answers, in a LoRA adapter)
     *[(path, "index", False) for path in PATHS],
-    ("decode_tree", "json", False),  # longer forced prefixes (free decoding does not read the trees)
-    ("generate_batch with trees", "json", False),
+    ("decode_tree", "actions", False),  # longer forced prefixes (free decoding does not read the trees)
+    ("generate_batch with trees", "actions", False),
     *[(path, "index", True) for path in PATHS],
 ]
 
 
-@pytest.mark.parametrize("path, contract, wrapped", GREEDY_CASES)
-def test_greedy_decoding_gives_the_per_row_answers(path, contract, wrapped, clinical, warm_model, monkeypatch):
+@pytest.mark.parametrize("path, kind, wrapped", GREEDY_CASES)
+def test_greedy_decoding_gives_the_per_row_answers(path, kind, wrapped, clinical, warm_model, monkeypatch):
     model, tokenizer, prompts, answers = clinical
     model = lora(warm_model) if wrapped else model
-    shared = decode(path, model, tokenizer, prompts[contract], answers[contract], ROWS, do_sample=False)
+    shared = decode(path, model, tokenizer, prompts[kind], answers[kind], ROWS, do_sample=False)
     monkeypatch.setattr(generation, "distinct_rows", per_row)
-    alone = decode(path, model, tokenizer, prompts[contract], answers[contract], ROWS, do_sample=False)
+    alone = decode(path, model, tokenizer, prompts[kind], answers[kind], ROWS, do_sample=False)
     assert_same(shared, alone)
-    if path != "generate_batch" and contract == "index" and not wrapped:  # the contract the warm model learned
+    if path != "generate_batch" and kind == "index" and not wrapped:  # the answers the warm model learned
         # both values of the unchanged flag compared
         assert {same for *_, same in shared} == {True, False}
 

@@ -97,9 +97,9 @@ def test_benchmark_command_on_conquest_duel(built, tmp_path, capsys, warm_model)
     root, _, _ = built
     out = tmp_path / "bench.json"
     argv = ["benchmark", "--env", "conquest", "--tasks", "duel", "--policy", "safe", "--policy", "teacher",
-            "--policy", f"model:{warm_model}", "--set", "fixed", "--set", "heldout", "--train-seeds", "0-1",
-            "--fixed-seeds", "2", "--heldout-seeds", "3-4", "--fixed-size", "20", "--heldout-size", "50",
-            "--data", str(root), "--constrained", "--json", str(out), "--no-progress"]  # fmt: skip
+            "--policy", f"model:{warm_model}", "--set", "fixed", "--set", "heldout", "--train_seeds", "0-1",
+            "--fixed_seeds", "2", "--heldout_seeds", "3-4", "--fixed_size", "20", "--heldout_size", "50",
+            "--data", str(root), "--constrained", "--json", str(out), "--no_progress"]  # fmt: skip
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "set fixed (20 rows" in printed and "set heldout (50 rows" in printed

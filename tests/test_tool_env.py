@@ -180,7 +180,7 @@ def test_get_reward_is_the_weighted_sum_of_the_reward_functions_over_the_step_ro
 
 
 def test_reward_functions_that_cannot_apply_in_the_tool_loop_are_refused():
-    with pytest.raises(ValueError, match="teacher_match_reward applies to branch and window mode only"):
+    with pytest.raises(ValueError, match="teacher_match_reward applies to branch mode only"):
         environment_factory("conquest", reward_funcs=["teacher_match_reward"])
     with pytest.raises(ValueError, match="potential_reward: this environment defines no potential"):
         environment_factory("clinical", reward_funcs=["potential_reward"])
@@ -251,7 +251,6 @@ def test_the_one_tool_dialect_renders_the_rollouts_prompts_and_parses_the_contra
     from trl.chat_template_utils import is_chat_template_prefix_preserving, parse_response, supports_tool_calling
 
     from recruit_trl.models.generation import encode_prompt
-    from recruit_trl.rollout.rollout_funcs import env_turn_template
 
     tokenizer = AutoTokenizer.from_pretrained(conquest_model)
     plain = [
@@ -277,9 +276,8 @@ def test_the_one_tool_dialect_renders_the_rollouts_prompts_and_parses_the_contra
     messages += [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "name": "act",
                                                                                "content": reply}]  # fmt: skip
     text = tokenizer.apply_chat_template(messages, tools=[env.act], add_generation_prompt=True, tokenize=False)
-    before_turn, after_turn = env_turn_template(tokenizer)
     head = tokenizer.decode(rollout_prompt) + '{"action_index": 3}<|im_end|>'
-    assert text == head + before_turn + reply + after_turn  # window mode's multi-turn text
+    assert text == head + "\n<|im_start|>user\n" + reply + "<|im_end|>\n<|im_start|>assistant\n"  # the next user turn
 
     def parsed(answer: str) -> dict:
         ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
@@ -322,7 +320,7 @@ def test_recipe_defaults_and_yaml():
                                                         "--tiny_tasks", "easy_bench"])  # fmt: skip
     assert (clinical.reward_funcs, clinical_training.reward_weights) == (["final_score_reward", "format_reward"],
                                                                          [1.0, 0.5])  # fmt: skip
-    with pytest.raises(ValueError, match="teacher_match_reward applies to branch and window mode only"):
+    with pytest.raises(ValueError, match="teacher_match_reward applies to branch mode only"):
         recipe.parse_args(["--reward_funcs", "teacher_match_reward", "--reward_weights", "1"])
     with pytest.raises(ValueError, match="one weight per --reward_funcs"):
         recipe.parse_args(["--reward_funcs", "win_reward"])

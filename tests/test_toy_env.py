@@ -15,7 +15,7 @@ import recruit_trl.rollout.rollout_funcs as rollout_mod
 from recruit_trl.evaluation.evaluate import EvalConfig, evaluate
 from recruit_trl.evaluation.report import format_results, summary, write_report
 from recruit_trl.models.tokenizer import build_tokenizer
-from recruit_trl.protocol import EnvInterface, get_env_interface
+from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.anchors import Anchor
 from recruit_trl.rollout.config import RolloutConfig
 from recruit_trl.rollout.rollout_funcs import make_rollout
@@ -44,7 +44,7 @@ def toy():
 def test_eval_command_line_runs_the_toy_environment(tmp_path):
     out = tmp_path / "toy.json"
     command = [str(Path(sys.executable).parent / "recruit-trl"), "eval", "--env", ENV, "--policy", "greedy"]
-    command += ["--policy", "random", "--seeds", "0-4", "--json", str(out), "--no-progress"]
+    command += ["--policy", "random", "--seeds", "0-4", "--json", str(out), "--no_progress"]
     # As the README writes it: from the repository root, nothing on PYTHONPATH.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -85,9 +85,6 @@ def test_traces_render_the_toy_prompts(toy):
     assert rows and all(r["task"] == "near" for r in rows)
     assert rows[0]["messages"][1]["content"].startswith("Day 0/12 | position 0 | target 3\nActions:\n0: left")
     assert {r["action_type"] for r in rows} <= {"left", "right", "wait", "stop"}
-    (json_row,) = collect_traces(toy, ["near"], [0], teacher="greedy", contract="json", max_days=1)
-    assert json_row["messages"][0]["content"].endswith(EnvInterface.json_instructions)
-    assert json.loads(json_row["completion"]) == {"kind": "right"}
 
 
 class ScriptedSampler:
@@ -102,13 +99,11 @@ class ScriptedSampler:
         return [list(self.ids) for _ in prompt_ids], [[-0.5] * len(self.ids) for _ in prompt_ids]
 
 
-@pytest.mark.parametrize("mode", ["branch", "window"])
-def test_rollouts_play_the_toy_environment(toy, monkeypatch, mode):
+def test_rollouts_play_the_toy_environment(toy, monkeypatch):
     rows = collect_traces(toy, list(toy.tasks()), [0], teacher="greedy")
     tokenizer = build_tokenizer([m["content"] for r in rows for m in r["messages"]] + [r["completion"] for r in rows])
     monkeypatch.setattr(rollout_mod, "sample", ScriptedSampler(tokenizer, '{"action_index": 1}'))  # "right"
-    turns = {"window_turns": 2} if mode == "window" else {}
-    config = RolloutConfig(env_name=ENV, mode=mode, horizon=3, continuation_policy="greedy", **turns)
+    config = RolloutConfig(env_name=ENV, horizon=3, continuation_policy="greedy")
     rollout = make_rollout(config, toy)
     prompts = [Anchor(task, 1, 2, policy="random").key() for task in ("near", "far") for _ in range(2)]
     out = rollout(prompts, None, model=object(), tokenizer=tokenizer, generation_config=None, step=0)

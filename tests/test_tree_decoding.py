@@ -1,7 +1,7 @@
 """Constrained decoding by walking the answer tree (``recruit_trl.models.generation.decode_tree``) against
 ``generate`` with ``prefix_allowed_tokens_fn`` (``generate_batch``): the same greedy answers, log-probabilities and
-"unchanged" flags on a few hundred real states of each environment, in both contracts; the same sampling
-distribution as transformers' warpers."""
+"unchanged" flags on a few hundred real states of each environment, for the contract's answers and for longer ones
+(the candidate actions written out); the same sampling distribution as transformers' warpers."""
 
 from __future__ import annotations
 
@@ -44,30 +44,38 @@ def states(env: str, tasks: list[str], seeds: range, days: int, every: int) -> l
     return out
 
 
+def answers_of(kind: str, candidates: list) -> list[str]:
+    """The texts a tree allows: ``"index"``, the contract's answers; ``"actions"``, the candidate actions written out
+    as JSON objects (longer answers with long shared prefixes)."""
+    if kind == "index":
+        return answer_texts("index", candidates)
+    return [json.dumps({k: v for k, v in action.items() if v is not None}) for action in candidates]
+
+
 CASES = {
     "clinical": lambda: states("clinical", ["easy_bench", "medium_bench", "hard_bench"], range(4), 170, 8),
     "conquest": lambda: states("conquest", ["duel"], range(10), 1000, 1),
 }
 
 
-@pytest.mark.parametrize("contract", ["index", "json"])
+@pytest.mark.parametrize("kind", ["index", "actions"])
 @pytest.mark.parametrize("env", sorted(CASES))
-def test_tree_decoding_gives_generates_greedy_answers(env, contract, warm_model):
+def test_tree_decoding_gives_generates_greedy_answers(env, kind, warm_model):
     model, tokenizer = load_for_inference(warm_model)
     interface = get_env_interface(env)
     cases = CASES[env]()
-    if contract == "json":
+    if kind == "actions":
         cases = cases[::8]  # longer answers: fewer states
-    assert len(cases) >= (200 if contract == "index" else 25)
-    prompts = [encode_prompt(tokenizer, build_messages(interface, obs, [], contract, c)) for obs, c in cases]
+    assert len(cases) >= (200 if kind == "index" else 25)
+    prompts = [encode_prompt(tokenizer, build_messages(interface, obs, [], "index", c)) for obs, c in cases]
     stop = eos_ids(tokenizer, model.generation_config)
     pad_id = tokenizer.pad_token_id
-    config = GenerationConfig(do_sample=False, max_new_tokens=48 if contract == "index" else 160)
+    config = GenerationConfig(do_sample=False, max_new_tokens=48 if kind == "index" else 160)
     config.eos_token_id, config.pad_token_id = sorted(stop), pad_id
     mismatched = 0
     for start in range(0, len(cases), 32):
         batch = prompts[start : start + 32]
-        answers = [answer_texts(contract, c) for _, c in cases[start : start + 32]]
+        answers = [answers_of(kind, c) for _, c in cases[start : start + 32]]
         answers = [texts if k % 3 else texts[-1:] for k, texts in enumerate(answers)]  # a third: one forced answer
         trees = [prefix_tree(answer_token_ids(tokenizer, texts), stop) for texts in answers]
         ours = decode_tree(model, batch, trees, config, pad_id, check_unchanged=True)
@@ -76,7 +84,7 @@ def test_tree_decoding_gives_generates_greedy_answers(env, contract, warm_model)
             assert ids == ref_ids and legal == ref_legal and same == ref_same
             assert logps == pytest.approx(ref_logps, abs=1e-4)
             mismatched += not same
-    assert mismatched > 0 and (mismatched < len(cases) or contract == "json")  # the flags' two values compared
+    assert mismatched > 0 and (mismatched < len(cases) or kind == "actions")  # the flags' two values compared
 
 
 def test_a_branch_is_drawn_from_what_transformers_warpers_leave():

@@ -94,26 +94,22 @@ def token_logprobs(model, prompt: list[int], completion: list[int]) -> list[floa
     return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(completion)[:, None]).squeeze(1).tolist()
 
 
-@pytest.mark.parametrize("mode", ["branch", "window", "episode"])
+@pytest.mark.parametrize("mode", ["branch", "episode"])
 def test_trl_use_vllm_trains_every_mode_with_its_weights_in_step(mode, warm_model, tmp_path, monkeypatch):
     """Two optimizer steps through the recipe with ``--use_vllm true`` (TRL's colocated generator, the CPU sync): the
     rollouts generate through vLLM, and afterwards the engine's log-probabilities of fixed rows equal the trained
     LoRA model's (float32, 1e-4)."""
     from test_control import BY_MODE, SMALL
 
-    import recruit_trl.pipeline as pipeline
     from recruit_trl.models.vllm_engine import VLLMPolicy, shutdown_engine
-    from recruit_trl.training.control import rl_trainer_class
+    from recruit_trl.training.trainer import RecruitGRPOTrainer
 
     trainers, policies = [], []
 
-    def recording(*args):
-        class Recording(rl_trainer_class(*args)):
-            def __init__(self, *a, **k):
-                super().__init__(*a, **k)
-                trainers.append(self)
-
-        return Recording
+    class Recording(RecruitGRPOTrainer):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            trainers.append(self)
 
     real_sample = VLLMPolicy.sample
 
@@ -121,14 +117,13 @@ def test_trl_use_vllm_trains_every_mode_with_its_weights_in_step(mode, warm_mode
         policies.append(self)
         return real_sample(self, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "rl_trainer_class", recording)
     monkeypatch.setattr(VLLMPolicy, "sample", counting)
     flags = [*SMALL, *BY_MODE[mode], "--model_name_or_path", warm_model, "--mode", mode, "--output_dir", str(tmp_path),
              "--max_steps", "2", "--learning_rate", "5e-3", "--use_vllm", "true", "--use_peft", "true",
              "--constrained_decoding", "true", "--reward_funcs", "screening_reward", "enrollment_reward"]  # fmt: skip
     recipe = load_recipe("grpo_clinical")
     try:
-        recipe.main(*recipe.parse_args(flags))
+        recipe.main(*recipe.parse_args(flags), trainer_cls=Recording)
         (trainer,) = trainers
         assert policies and all(p.llm is trainer.vllm_generation.llm for p in policies)
         assert trainer.state.global_step == 2

@@ -117,11 +117,6 @@ class ToyInterface(EnvInterface):
     def describe_action(self, action: Mapping[str, Any], obs: Mapping[str, Any] | None = None) -> str:
         return str(action.get("kind"))
 
-    def validate_action(self, payload: Mapping[str, Any], obs: Mapping[str, Any]) -> dict[str, Any]:
-        if set(payload) != {"kind"} or payload["kind"] not in KINDS:
-            raise ValueError(f"expected {{'kind': one of {KINDS}}}, got {dict(payload)}")
-        return dict(payload)
-
     def fallback_action(self, obs: Mapping[str, Any]) -> dict[str, Any]:
         return greedy_policy(obs)
 

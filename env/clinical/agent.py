@@ -39,7 +39,7 @@ from typing import Any
 from env.clinical.core import ClinicalRecruitmentEnv
 from env.clinical.graders import BUDGET_RESERVE
 from env.clinical.heuristic import MEMORY_KEY, consent_expiry, p_allocate, target_site
-from env.clinical.models import ACTION_TYPES, validate_action
+from env.clinical.models import ACTION_TYPES
 from env.clinical.policies import get_policy, register_policy
 from env.clinical.tasks import ALL_TASKS, PUBLIC_TASK_IDS, TASKS, get_task
 from env.clinical.training_defaults import RECIPE_DEFAULTS
@@ -77,11 +77,6 @@ MATCH_FIELDS = (
 )
 
 SYSTEM_PROMPT = "You run a clinical-trial recruitment campaign, one action per day. Enrol patients within budget."
-# The json contract's answer format: the action's fields (the prompts of trained models depend on this exact text).
-JSON_INSTRUCTIONS = (
-    "Answer with exactly one JSON object: the action, with its action_type and arguments (patient_id, site_id, "
-    "strategy_change, target_phase, memory_key, memory_query, hypothesis, confidence)."
-)
 
 # Published reference figures (docs/spec/reference-results.md): best reference policy per task, and its LLMs.
 REFERENCE_BEST = {"easy_bench": 0.607, "medium_bench": 0.533, "hard_bench": 0.560}
@@ -150,7 +145,6 @@ class ClinicalInterface(EnvInterface):
     name = "clinical"
     recipe_defaults = RECIPE_DEFAULTS
     system_prompt = SYSTEM_PROMPT
-    json_instructions = JSON_INSTRUCTIONS
     reward_fields = REWARD_FIELDS
     terminal_action_types = frozenset({"stop_recruitment"})
     # Evaluation (see episode_metrics): the enrolment curve, and the reference's figures to compare with.
@@ -339,9 +333,6 @@ class ClinicalInterface(EnvInterface):
             progress = obs["enrolled_so_far"] / max(1, obs["target_enrollment"])
             out.append(act("stop_recruitment", confidence=round(min(1.0, progress), 3)))
         return out
-
-    def validate_action(self, payload: Mapping[str, Any], obs: Mapping[str, Any]) -> dict[str, Any]:
-        return validate_action(dict(payload))
 
     def fallback_action(self, obs: Mapping[str, Any]) -> dict[str, Any]:
         """The most productive legal candidate: the first one that is neither free nor ``stop``."""

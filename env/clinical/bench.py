@@ -1,7 +1,7 @@
 """Environment throughput benchmark: steps/s per task and action style, against another commit in the same run.
 
 Usage: ``python -m env.clinical.bench [--tasks easy_bench medium_bench hard_bench] [--episodes 20] [--repeats 5]
-[--against REV [--cache-dir DIR]] [--json FILE]``.
+[--against REV [--cache_dir DIR]] [--json FILE]``.
 
 Steps/s plays full episodes of the README quick-start policy on seeds ``0 .. episodes-1``, timing ``reset``,
 ``env.step`` and the policy, in two action styles: ``complete`` (the quick-start's dicts, with ``hypothesis``
@@ -300,14 +300,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
         return worker_main(argv[1])
+    from env.cli_flags import refuse_kebab_spellings  # here: a worker imports the standard library only
+
     parser = argparse.ArgumentParser(prog="python -m env.clinical.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", default=list(DEFAULT_TASKS), help="task ids to benchmark")
     parser.add_argument("--episodes", type=int, default=20, help="full episodes per steps/s measurement")
     parser.add_argument("--repeats", type=int, default=5, help="measurements per figure (the median is kept)")
     parser.add_argument("--against", metavar="REV", help="also measure the environment of this git commit")
-    parser.add_argument("--cache-dir", type=Path, help="where --against keeps its worktrees")
+    parser.add_argument("--cache_dir", type=Path, help="where --against keeps its worktrees")
     parser.add_argument("--json", help="also write the report to this JSON file")
-    args = parser.parse_args(argv)
+    args = refuse_kebab_spellings(parser).parse_args(argv)
     report = run(args.tasks, args.episodes, args.repeats, args.against, args.cache_dir)
     print(format_table(report))
     print(json.dumps(report, indent=2))

@@ -26,9 +26,7 @@ reply's ``info["candidates"]`` and the server's ``GET /state`` texts.
 
 The ``index`` contract: the plugin maps ``{"action_index": k}`` to ``obs["candidates"][k]``, a full raw action, and
 the environment re-validates it (an action that is not legal, or not well formed, is replaced by the
-FallbackSafeAgent's action with ``info["fallback"]``, ``last_action_error`` and the ``invalid`` penalty). The
-``json`` contract: :meth:`ConquestInterface.validate_action` checks a raw action's schema (section 7.2); legality
-is the environment's to check, the same way.
+FallbackSafeAgent's action with ``info["fallback"]``, ``last_action_error`` and the ``invalid`` penalty).
 
 Policies (:func:`env.conquest.policies.get_policy`) are objects with ``act(env, obs=None, rng=None)``: recruit_trl
 hands them the live environment (they read ``env.game``), so they play in-process only; an evaluation against a
@@ -41,7 +39,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from env.conquest.actions import TYPE_NAMES, from_dict
+from env.conquest.actions import TYPE_NAMES
 from env.conquest.board import CODES, INDEX
 from env.conquest.core import ConquestEnv
 from env.conquest.policies import ConquestPolicy, get_policy
@@ -91,7 +89,7 @@ def _with_error(result: tuple) -> tuple:
 
 class RemoteConquestAgentEnv:
     """A client of a conquest server (``recruit-trl serve --env conquest``) with :class:`ConquestAgentEnv`'s
-    observations and ``info``, for evaluations against a server (``recruit-trl eval --env-url``).
+    observations and ``info``, for evaluations against a server (``recruit-trl eval --env_url``).
 
     The server replies with the spec's observation and ``info`` (whose ``candidates`` is the next list); the texts
     come from ``GET /state`` (``render_text``, ``candidate_lines``): one more request per decision. Once the game is
@@ -118,7 +116,7 @@ class RemoteConquestAgentEnv:
     @property
     def game(self) -> Any:
         """Not available: the game lives on the server (the conquest policies read it, so they play in-process)."""
-        raise RuntimeError("conquest policies need the live game: evaluate them in-process (without --env-url)")
+        raise RuntimeError("conquest policies need the live game: evaluate them in-process (without --env_url)")
 
     def _agent_obs(self, obs: dict[str, Any], info: Mapping[str, Any]) -> dict[str, Any]:
         if obs["done"]:
@@ -171,11 +169,6 @@ class ConquestInterface(EnvInterface):
     name = "conquest"
     recipe_defaults = RECIPE_DEFAULTS
     system_prompt = SYSTEM_PROMPT
-    json_instructions = (
-        'Answer with exactly one JSON object: the action, e.g. {"type": "blitz", "from": "alberta", "to": '
-        '"ontario"}; types trade (cards), place (territory, n), attack (from, to, dice), blitz (from, to), '
-        "move (n), fortify (from, to, n), end_attack, end_turn; territories by id."
-    )
     reward_fields = REWARD_FIELDS
     terminal_action_types: frozenset[str] = frozenset()  # only the game ends the game
     rate_metrics = ("win",)  # evaluation rows carry win_rate
@@ -273,13 +266,6 @@ class ConquestInterface(EnvInterface):
     # ------------------------------------------------------------------ actions
     def candidate_actions(self, obs: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [dict(a) for a in agent_fields(obs)[0]]
-
-    def validate_action(self, payload: Mapping[str, Any], obs: Mapping[str, Any]) -> dict[str, Any]:
-        """A raw action of section 7.2 (exact keys, ints, known territory ids); legality is the environment's."""
-        action = dict(payload)
-        if from_dict(action) is None:
-            raise ValueError(f"not a conquest action (section 7.2): {action}")
-        return action
 
     def fallback_action(self, obs: Mapping[str, Any]) -> dict[str, Any]:
         """Candidate 0: the FallbackSafeAgent's action (``end_turn`` once the game is over and nothing is listed)."""

@@ -2,8 +2,8 @@
 
 ``"common"`` (every recipe: the tasks and the warm start's settings, which the SFT recipe and the RL recipes' warm
 start share), then by recipe kind: ``"sft"`` (the SFT recipe), ``"rl"`` (the RL recipes), ``"rl/episode"`` (the RL
-recipes in episode mode, and TRL's tool loop: the rewards of the game's own episodes) and ``"<kind>:smollm2"``
-(SmolLM2's runs, sized for 2 CPU cores). Any flag overrides them.
+recipes in episode mode, and TRL's tool loop: the rewards of the game's own episodes), ``"sft:tiny"`` (the tiny model's
+SFT) and ``"<kind>:smollm2"`` (SmolLM2's runs, sized for 2 CPU cores). Any flag overrides them.
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ COMMON: dict[str, Any] = {
 }
 
 SFT: dict[str, Any] = {"num_train_epochs": 1}
+
+# The SFT recipe trains every weight of the tiny model built here (its LoRA lacks the capacity to imitate the
+# teacher), as the RL recipes' warm start does (recruit_trl.training.defaults.TINY_DEFAULTS); a quantised model
+# trains an adapter.
+SFT_TINY: dict[str, Any] = {"use_peft": False}
 
 RL: dict[str, Any] = {
     "sft_epochs": 1.0,
@@ -84,6 +89,7 @@ SFT_SMOLLM2: dict[str, Any] = {
 RECIPE_DEFAULTS = {
     "common": COMMON,
     "sft": SFT,
+    "sft:tiny": SFT_TINY,
     "rl": RL,
     "rl/episode": RL_EPISODE,
     "rl:smollm2": RL_SMOLLM2,

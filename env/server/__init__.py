@@ -45,7 +45,7 @@ for schema violations (``confidence`` > 1, unknown ``action_type``, a wrapped ``
 JSON, NaN, numbers beyond a float, integers over 4300 digits, a ``token_cost`` of 2**63 or more, a string with a
 lone surrogate such as ``"\\ud800"``, a non-JSON content type); 413 for bodies over ``max_body_bytes``; 429 when
 the optional per-session rate limit is exceeded (rejected calls do not count); 503 ``{"detail": "Session limit
-reached (N). Retry later or raise --max-sessions."}`` when every session slot is taken by a live session (expired
+reached (N). Retry later or raise --max_sessions."}`` when every session slot is taken by a live session (expired
 ones are reaped first; a running episode is never evicted), or the caller's address holds its
 ``max_sessions_per_client``. Semantic action errors are not HTTP errors: 200 with
 ``metadata.info.last_action_error``, exactly like the in-process env. Replies always encode (a lone surrogate

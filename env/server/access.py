@@ -64,9 +64,9 @@ class AccessGuard:
     def refusal(self, scope: dict, host: str | None, origin: str | None, auth: bytes | None) -> tuple[int, str] | None:
         """``(status, detail)`` if the request must be refused, else None."""
         if host is not None and not self.any_host and not self._host_ok(host):
-            return 400, f"Host not allowed: {host!r}. Use localhost or an IP address, or start with --allowed-hosts."
+            return 400, f"Host not allowed: {host!r}. Use localhost or an IP address, or start with --allowed_hosts."
         if origin is not None and not self.any_origin and not self._origin_ok(origin, host):
-            return 403, f"Origin not allowed: {origin!r}. Start the server with --allowed-origins to allow it."
+            return 403, f"Origin not allowed: {origin!r}. Start the server with --allowed_origins to allow it."
         if self.token is not None and not self._token_ok(scope, auth):
             return 401, "Missing or invalid token: send the header 'Authorization: Bearer <token>'."
         return None

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+from env.cli_flags import refuse_kebab_spellings
 from env.client import TOKEN_ENV, is_loopback
 from env.server.app import create_app
 from env.server.logs import install_log_filters
@@ -34,36 +35,36 @@ def build_arg_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"bearer token required on every route (default: ${TOKEN_ENV}; required for a non-loopback --host)",
     )
-    p.add_argument("--max-sessions", type=int, default=d.max_sessions, help="live sessions, HTTP + WebSocket")
+    p.add_argument("--max_sessions", type=int, default=d.max_sessions, help="live sessions, HTTP + WebSocket")
     p.add_argument(
-        "--max-sessions-per-client",
+        "--max_sessions_per_client",
         type=int,
         default=None,
-        help="live sessions per client address (default: half of --max-sessions)",
+        help="live sessions per client address (default: half of --max_sessions)",
     )
-    p.add_argument("--session-ttl", type=float, default=d.session_ttl, help="idle seconds before a session expires")
-    p.add_argument("--reaper-interval", type=float, default=d.reaper_interval, help="seconds between expiry sweeps")
-    p.add_argument("--rate-limit", type=float, default=d.rate_limit, help="steps/s per session; 0 (default) = none")
-    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="request body / WS message limit")
-    p.add_argument("--cors-origins", default="", help="comma-separated allowed origins (e.g. '*'); default none")
+    p.add_argument("--session_ttl", type=float, default=d.session_ttl, help="idle seconds before a session expires")
+    p.add_argument("--reaper_interval", type=float, default=d.reaper_interval, help="seconds between expiry sweeps")
+    p.add_argument("--rate_limit", type=float, default=d.rate_limit, help="steps/s per session; 0 (default) = none")
+    p.add_argument("--max_body_bytes", type=int, default=d.max_body_bytes, help="request body / WS message limit")
+    p.add_argument("--cors_origins", default="", help="comma-separated allowed origins (e.g. '*'); default none")
     p.add_argument(
-        "--allowed-origins",
+        "--allowed_origins",
         default="",
         help="comma-separated browser origins allowed to call the server (default: none; '*' = any)",
     )
     p.add_argument(
-        "--allowed-hosts",
+        "--allowed_hosts",
         default="",
         help="comma-separated host names accepted in the Host header besides localhost, IP addresses and --host",
     )
     p.add_argument(
-        "--keep-alive", type=float, default=75.0, help="idle seconds before closing a keep-alive connection"
+        "--keep_alive", type=float, default=75.0, help="idle seconds before closing a keep-alive connection"
     )
-    p.add_argument("--ws-compression", action="store_true", help="offer permessage-deflate on /ws (CPU for bandwidth)")
-    p.add_argument("--cookie-secure", action="store_true", help="mark the session cookie Secure (HTTPS)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    p.add_argument("--access-log", action="store_true", help="log every request (slow)")
-    return p
+    p.add_argument("--ws_compression", action="store_true", help="offer permessage-deflate on /ws (CPU for bandwidth)")
+    p.add_argument("--cookie_secure", action="store_true", help="mark the session cookie Secure (HTTPS)")
+    p.add_argument("--log_level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--access_log", action="store_true", help="log every request (slow)")
+    return refuse_kebab_spellings(p)
 
 
 def _csv(text: str) -> tuple[str, ...]:

@@ -81,12 +81,12 @@ class SessionStore:
                 self._reap_locked(now)
             if len(self._sessions) >= self.max_sessions:
                 raise SessionLimitError(
-                    f"Session limit reached ({self.max_sessions}). Retry later or raise --max-sessions."
+                    f"Session limit reached ({self.max_sessions}). Retry later or raise --max_sessions."
                 )
             if self._per_client.get(client, 0) >= self.max_per_client:
                 raise SessionLimitError(
                     f"Session limit per client ({self.max_per_client}) reached for {client or 'this client'}. "
-                    "Close a session, retry later or raise --max-sessions-per-client."
+                    "Close a session, retry later or raise --max_sessions_per_client."
                 )
             sid = uuid.uuid4().hex
             session = self._sessions[sid] = Session(sid, kind, now, client)

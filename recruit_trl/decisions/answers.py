@@ -106,8 +106,6 @@ def answer_actions(interface: EnvInterface, decisions: Sequence[Decision], answe
 
 
 def action_answer(interface: EnvInterface, decision: Decision, action: Action) -> str:
-    """The answer that takes an environment policy's ``action`` ("" when the index contract does not list it)."""
-    if decision.contract == "index":
-        k = match_candidate(interface, action, decision.candidates)
-        return "" if k is None else completion_text(decision.candidates[k], "index", decision.candidates)
-    return completion_text(action, decision.contract, decision.candidates)
+    """The answer that takes an environment policy's ``action`` ("" when the candidates do not list it)."""
+    k = match_candidate(interface, action, decision.candidates)
+    return "" if k is None else completion_text(decision.candidates[k], decision.contract, decision.candidates)

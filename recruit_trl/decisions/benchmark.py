@@ -137,6 +137,6 @@ def format_result(result: dict[str, Any]) -> str:
     for split, tables in result["benchmark"].items():
         rows, strata = result["sets"]["rows"][split], result["sets"]["strata"][split]
         scored = max((t["rows"] for t in tables.values()), default=rows)
-        size = f"{rows} rows" if scored == rows else f"{scored} of {rows} rows"  # --max-rows: a fixed subset
+        size = f"{rows} rows" if scored == rows else f"{scored} of {rows} rows"  # --max_rows: a fixed subset
         blocks.append(f"set {split} ({size}; strata {strata})\n{format_benchmark(tables)}")
     return "\n\n".join(blocks)

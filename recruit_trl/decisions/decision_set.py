@@ -44,7 +44,7 @@ class Decision:
         candidates: the listed candidate actions (the ``index`` contract's list).
         teacher_action: the action the teacher plays in this state (its own, annotations included).
         teacher_answer: the text that takes the teacher's action under the contract.
-        teacher_index: the listed candidate that does what the teacher does (``None`` if unlisted, json contract).
+        teacher_index: the listed candidate that does what the teacher does.
     """
 
     anchor: Anchor
@@ -118,15 +118,15 @@ def decision_set(
     """The held-out decisions: every (task, seed, day) state the teacher reaches, with its prompt and answer.
 
     States come from :func:`recruit_trl.rollout.anchors.build_anchors` (the teacher replays days ``0..day-1``; a day
-    after the episode's end is left out). Under the ``index`` contract a state whose teacher action is not a listed
-    candidate is left out too (nothing the model could answer), as in :func:`recruit_trl.traces.collect_traces`.
-    Deterministic for the same arguments.
+    after the episode's end is left out). A state whose teacher action is not a listed candidate is left out too
+    (nothing the model could answer), as in :func:`recruit_trl.traces.collect_traces`. Deterministic for the same
+    arguments.
 
     Args:
         interface: the environment interface.
         tasks, seeds, days: the anchors (every task x seed x day), seeds never trained on.
         teacher: the policy (registered by the environment) that plays the days before and answers each state.
-        contract: ``"index"`` or ``"json"``.
+        contract: the action contract (``"index"``, :data:`recruit_trl.contracts.CONTRACTS`).
         recent_k: recent actions in the prompt's digest (as in the rollouts).
         size: keep this many decisions (:func:`sample_decisions`), ``None`` for all.
         seed: the subsample's seed.
@@ -145,10 +145,10 @@ def decision_set(
         candidates = interface.candidate_actions(state.obs)
         action = action_at_anchor(rollout, policy, anchor, state)
         k = match_candidate(interface, action, candidates)
-        if contract == "index" and k is None:
+        if k is None:
             continue
         messages = build_messages(interface, state.obs, state.recent, contract, candidates)
-        answer = completion_text(candidates[k] if contract == "index" else action, contract, candidates)
+        answer = completion_text(candidates[k], contract, candidates)
         out.append(Decision(anchor, state, contract, messages, candidates, action, answer, k))
     return out if size is None else sample_decisions(interface, out, size, seed=seed)
 

@@ -46,7 +46,7 @@ def evaluate_decisions(
     wheel): its greedy free-decoding answer is scored, and its action is the parsed answer or, for an answer that
     does not parse, the interface's fallback. Any other name is a policy the environment registers (the teacher,
     e.g. ``expert``, or ``safe``): its action in the state, written as the answer that takes it (an unlisted action
-    under the index contract has none and counts as invalid in the table, but is still valued).
+    has none and counts as invalid in the table, but is still valued).
 
     Args:
         policies: policy names, or a mapping from the label each result is keyed by to the policy (e.g.

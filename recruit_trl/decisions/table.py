@@ -32,9 +32,9 @@ def benchmark_table(
 
     Returns:
         ``rows``; ``strict_json``: share of answers that are exactly one JSON object; ``valid``: share that parse under
-        the contract (index: a listed index; json: an action the interface validates); ``teacher_match``: share that
-        are valid and do what the teacher does (:func:`recruit_trl.traces.same_action`); ``invalid``: count of rows
-        not valid; ``errors``: the parser's reasons, counted; ``majority_baseline``: share of the teacher's most
+        the contract (a listed index); ``teacher_match``: share that are valid and do what the teacher does
+        (:func:`recruit_trl.traces.same_action`); ``invalid``: count of rows not valid; ``errors``: the parser's
+        reasons, counted; ``majority_baseline``: share of the teacher's most
         common answer (``majority_answer``), i.e. the teacher match of always giving it; with
         ``constrained_answers``, ``teacher_match_constrained``; ``teacher_match_by_type``: ``[teacher match,
         rows]`` per teacher's action type; ``predicted_types``: the valid answers' action types, counted; with

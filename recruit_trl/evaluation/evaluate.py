@@ -146,7 +146,7 @@ class Evaluator:
         if planned is not None:
             if self.config.env_url:
                 raise ValueError("the planner restores snapshots of the environment: evaluate it in-process, not "
-                                 "against --env-url")  # fmt: skip
+                                 "against --env_url")  # fmt: skip
             return self.run_model(planned, progress, planner=self.config.planner_settings())
         if name.startswith("model:"):
             return self.run_model(name[len("model:") :], progress)
@@ -295,14 +295,12 @@ class Evaluator:
                 self.captured[(logs[i].task, logs[i].seed, day)] = state
 
     def _label(self, messages, candidates, taught, episode: tuple[str, int], day: int) -> None:
-        if self.config.contract == "index":
-            k = match_candidate(self.interface, taught, candidates)
-            if k is None:
-                return  # the teacher's action is not listed: nothing the model could answer
-            taught = candidates[k]
+        k = match_candidate(self.interface, taught, candidates)
+        if k is None:
+            return  # the teacher's action is not listed: nothing the model could answer
         task, seed = episode
         self.labelled_rows.append(
-            trace_row(self.interface, messages, candidates, taught, self.config.contract, task, seed, day)
+            trace_row(self.interface, messages, candidates, candidates[k], self.config.contract, task, seed, day)
         )
 
     def _record(

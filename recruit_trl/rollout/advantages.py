@@ -17,8 +17,8 @@ function of the group:
   returns cut at the episode's end, or a reward paid on every decision, would make that a credit for the position;
 * their weighted sum (:func:`decision_advantages`).
 
-The trainer centres the advantages over the rows it actually trains (:class:`recruit_trl.training.control.
-CenteredAdvantages`), in both arms of a learning check, which makes the control an exact null.
+The trainer centres the advantages over the rows it actually trains (:class:`recruit_trl.training.trainer.
+RecruitGRPOTrainer`), in both arms of a learning check, which makes the control an exact null.
 """
 
 from __future__ import annotations

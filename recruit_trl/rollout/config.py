@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
-from recruit_trl.contracts import CONTRACTS, MAX_NEW_TOKENS
+from recruit_trl.contracts import MAX_NEW_TOKENS
 from recruit_trl.protocol import FALLBACK_POLICY
 
-MODES = ("branch", "window", "episode")
+MODES = ("branch", "episode")
 TO_THE_END = 1_000_000  # a horizon no episode outlasts
 # Settings that only one mode reads: set to anything but their default in another mode, they are refused.
 MODE_FLAGS = {
     "continuation_seeds": ("branch",),
     "self_horizon": ("branch",),
-    "window_turns": ("window",),
-    "reward_teacher": ("branch", "window"),
+    "reward_teacher": ("branch",),
     "episode_groups": ("episode",),
     "episode_decisions": ("episode",),
     "episode_weight": ("episode",),
@@ -34,8 +34,8 @@ ROW_FIELDS = (
     "teacher_match",
 )  # fmt: skip
 # Reward functions that read a field only some modes fill: named in another mode (or in TRL's tool loop, "tool"),
-# they are refused. teacher_match needs the --reward_teacher policy, which only branch and window mode consult.
-MODE_REWARDS = {"teacher_match_reward": ("branch", "window")}
+# they are refused. teacher_match needs the --reward_teacher policy, which only branch mode consults.
+MODE_REWARDS = {"teacher_match_reward": ("branch",)}
 
 
 def check_mode_rewards(names: Sequence[str], mode: str, has_potential: bool) -> None:
@@ -69,14 +69,13 @@ class PromptConfig:
             "aliases": ["--env"],
         },
     )
-    contract: str = field(default="index", metadata={"help": "Action contract: 'index' or 'json'."})
+    # The action contract of every prompt (recruit_trl.contracts): the one contract, not a setting.
+    contract: ClassVar[str] = "index"
     recent_k: int = field(default=2, metadata={"help": "Recent actions shown in the prompt's digest."})
 
     def __post_init__(self) -> None:
         if not self.env_name:
             raise ValueError("name the environment: env_name='clinical', 'conquest' or 'package.module:attribute'")
-        if self.contract not in CONTRACTS:
-            raise ValueError(f"contract must be one of {CONTRACTS}, got {self.contract!r}")
         if self.recent_k < 0:
             raise ValueError(f"recent_k must be >= 0, got {self.recent_k}")
 
@@ -88,8 +87,9 @@ class RolloutConfig(PromptConfig):
     mode: str = field(
         default="branch",
         metadata={"help": "Rollout mode: 'branch' (one decision per row, scored from the anchor's snapshot by a "
-                  "continuation), 'window' (several decisions per completion) or 'episode' (the policy's own "
-                  "episodes, every decision a row, recruit_trl.rollout.advantages)."},
+                  "continuation) or 'episode' (the policy's own episodes, every decision a row, "
+                  "recruit_trl.rollout.advantages). Several decisions per completion: TRL's tool loop "
+                  "(recipes/grpo_environment_factory.py)."},
     )  # fmt: skip
     horizon: int = field(
         default=TO_THE_END,
@@ -117,7 +117,6 @@ class RolloutConfig(PromptConfig):
         metadata={"help": "Policy (registered by the environment) whose action in the same state each decision is "
                   "compared with (row field teacher_match, for rewards.teacher_match_reward); '' for none."},
     )  # fmt: skip
-    window_turns: int = field(default=4, metadata={"help": "Model decisions per completion in window mode."})
     episode_groups: int = field(
         default=2,
         metadata={"help": "Episode mode: groups played per generation batch and process, each of num_generations "
@@ -153,10 +152,13 @@ class RolloutConfig(PromptConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.mode == "window":
+            raise ValueError("--mode window was removed: use --mode branch|episode, or TRL's tool loop "
+                             "(recipes/grpo_environment_factory.py) for several decisions per completion")  # fmt: skip
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.horizon < 0 or self.window_turns < 1 or self.continuation_seeds < 1:
-            raise ValueError("horizon must be >= 0, window_turns and continuation_seeds >= 1")
+        if self.horizon < 0 or self.continuation_seeds < 1:
+            raise ValueError("horizon must be >= 0, continuation_seeds >= 1")
         if not 0 <= self.self_horizon <= self.horizon:
             raise ValueError(f"self_horizon must be in [0, horizon={self.horizon}], got {self.self_horizon}")
         if self.episode_groups < 1 or self.episode_decisions < 0 or self.step_horizon < 0:
@@ -171,5 +173,5 @@ class RolloutConfig(PromptConfig):
 
     @property
     def decision_tokens(self) -> int:
-        """Tokens per decision: the contract's answer budget (12 for 'index', 96 for 'json')."""
+        """Tokens per decision: the contract's answer budget (12 tokens)."""
         return MAX_NEW_TOKENS[self.contract]

@@ -13,23 +13,19 @@ policy itself (greedy) plays the first D days after the sampled action, every br
 of them in lock-step, before the continuation policy takes over: a continuation policy forgives what the policy
 would leave undone.
 
-``window`` mode. ``turns`` consecutive decisions from an anchor form one multi-turn completion: model
-tokens (mask 1) alternate with the environment's reply rendered as the next user turn (``env_mask`` 0).
-Model tokens are never re-tokenised; environment text is tokenised on its own and spliced in.
-
 ``episode`` mode (:class:`EpisodeRollout`). The policy's own episodes, G per anchor with common random numbers;
 every decision is a row (prompt and answer) with its own advantage (:mod:`recruit_trl.rollout.advantages`), trained on
-by :class:`recruit_trl.training.episode_trainer.EpisodeAdvantages`. A row's scored steps are the decision's own step
-(the last decision's also the continuation's): the reward functions on it are the decision's step reward, and an
-episode's outcome is the sum of its step rewards.
+by :class:`recruit_trl.training.trainer.RecruitGRPOTrainer` (``episode_advantages=True``). A row's scored steps are the
+decision's own step (the last decision's also the continuation's): the reward functions on it are the decision's step
+reward, and an episode's outcome is the sum of its step rewards.
 
-All three return ``prompt_ids``, ``completion_ids``, ``logprobs`` and extra per-row fields that reward functions
+Both return ``prompt_ids``, ``completion_ids``, ``logprobs`` and extra per-row fields that reward functions
 receive as keyword arguments: every environment reward component summed over the scored steps, ``valid``
 (1.0 when the model's text parsed under the action contract), ``action_shaping`` (``None`` for invalid
 rows), ``final_score`` (``None`` unless the episode ended inside the scored steps), ``potential_change`` (the change
 of the environment's ``potential`` over the scored steps; ``None`` without one), ``action_type``,
 ``action_error``, ``scored_steps`` and ``teacher_match`` (with ``reward_teacher`` set: 1.0 when the model's action does
-what that policy would do in the same state, in window mode the fraction of turns; ``None`` without a teacher).
+what that policy would do in the same state; ``None`` without a teacher).
 
 Invalid model output never raises: the environment interface's fallback action is played instead and the
 row is counted (``rollout/fallback_rate``). Collapse and cost metrics are logged through the trainer, and for an
@@ -404,159 +400,6 @@ class BranchRollout(_RolloutBase):
         return row
 
 
-class WindowRollout(_RolloutBase):
-    """``rollout_func`` for window mode: ``window_turns`` decisions per completion, environment text masked.
-
-    Every row plays its own trajectory from the anchor (the group shares the environment seed). After the
-    window, ``horizon`` more days are played by the continuation policy, as in branch mode.
-    """
-
-    def __call__(self, prompts: list, trainer=None, *, model=None, tokenizer=None, generation_config=None, step=None):
-        start = time.perf_counter()
-        tokenizer, step, anchors = self._begin(prompts, trainer, tokenizer, step)
-        states = self._states(anchors)
-        n = len(anchors)
-        seeds = [group_seed(a, step, self.seed) for a in anchors]
-        envs = [self.interface.make_env(a.task) for a in anchors]
-        for env, state in zip(envs, states, strict=True):
-            env.restore(state.snapshot)
-        obs = [s.obs for s in states]
-        recent = [list(s.recent) for s in states]
-        candidates = [self.interface.candidate_actions(o) for o in obs]
-        prompt_ids = [self.prompt_for(tokenizer, a, s, c) for a, s, c in zip(anchors, states, candidates, strict=True)]
-        completion_ids: list[list[int]] = [[] for _ in range(n)]
-        env_mask: list[list[int]] = [[] for _ in range(n)]
-        logprobs: list[list[float]] = [[] for _ in range(n)]
-        legal: list[list[list[int]]] = [[] for _ in range(n)]  # per token: what constrained decoding allowed
-        totals = [{name: 0.0 for name in self.interface.reward_fields} for _ in range(n)]
-        rows: list[dict[str, Any]] = [
-            {
-                "valid_turns": 0,
-                "matched_turns": 0,
-                "turns": 0,
-                "first": None,
-                "action_error": None,
-                "info": {},
-                "done": False,
-            }
-            for _ in range(n)
-        ]
-        day = [s.day for s in states]
-        stop_ids = {tokenizer.eos_token_id}
-        for turn in range(self.config.window_turns):
-            active = [i for i in range(n) if not rows[i]["done"]]
-            if not active:
-                break
-            contexts = [prompt_ids[i] + completion_ids[i] for i in active]
-            new_ids, new_logps, new_legal = self._generate(
-                trainer, model, tokenizer, generation_config, contexts, [candidates[i] for i in active]
-            )
-            texts = tokenizer.batch_decode(new_ids, skip_special_tokens=True)
-            for k, (i, ids, lps, text) in enumerate(zip(active, new_ids, new_logps, texts, strict=True)):
-                completion_ids[i] += ids
-                env_mask[i] += [1] * len(ids)
-                logprobs[i] += lps
-                legal[i] += new_legal[k] if new_legal is not None else [[] for _ in ids]
-                parsed = parse_action(text, self.config.contract, self.interface, obs[i], candidates[i])
-                before = obs[i]
-                taught = self.teacher_action(envs[i], before, day_seed(seeds[i], turn))
-                if taught is not None:
-                    rows[i]["matched_turns"] += int(
-                        parsed.valid and same_action(self.interface, parsed.action, taught)
-                    )
-                envs[i].reseed(day_seed(seeds[i], turn))
-                parsed, (obs_i, reward, terminated, truncated, info) = self.scorer.apply(envs[i], before, parsed)
-                add_components(totals[i], self.interface.step_components(before, parsed.action, obs_i, reward, info))
-                row = rows[i]
-                row["turns"] += 1
-                row["valid_turns"] += int(parsed.valid)
-                row["info"] = info
-                if row["first"] is None:
-                    row["first"] = (before, parsed)
-                    row["action_error"] = info.get("last_action_error")
-                recent[i] = last(
-                    [*recent[i], digest(self.interface, day[i], parsed.action, info)], self.config.recent_k
-                )
-                day[i] += 1
-                obs[i] = obs_i
-                if terminated or truncated:
-                    row["done"] = True
-                    continue
-                if turn + 1 < self.config.window_turns:
-                    candidates[i] = self.interface.candidate_actions(obs_i)
-                    messages = build_messages(self.interface, obs_i, recent[i], self.config.contract, candidates[i])
-                    env_ids = self._env_turn_ids(tokenizer, messages[-1]["content"], ids[-1] in stop_ids)
-                    completion_ids[i] += env_ids
-                    env_mask[i] += [0] * len(env_ids)
-                    logprobs[i] += [0.0] * len(env_ids)
-                    legal[i] += [[] for _ in env_ids]
-        out_rows = []
-        for i in range(n):
-            row, tot = rows[i], totals[i]
-            info = row["info"]
-            if not row["done"] and self.config.horizon:
-                played, last_info, last_obs = self.scorer.continue_(
-                    envs[i], obs[i], tot, seeds[i], self.config.horizon, first_day=row["turns"]
-                )
-                row["turns_scored"] = row["turns"] + played
-                if last_info:
-                    info, obs[i] = last_info, last_obs
-            first_obs, first = row["first"]
-            out = dict(tot)
-            out["valid"] = row["valid_turns"] / max(1, row["turns"])
-            out["action_shaping"] = self.interface.action_shaping(first_obs, first.action) if first.valid else None
-            out["final_score"] = self.interface.final_score(info)
-            out["potential_change"] = self.interface.potential_change(states[i].obs, obs[i])
-            out["rates"] = self._rates([(obs[i], info)])
-            out["action_type"] = self.interface.action_type(first.action)
-            out["action_error"] = row["action_error"]
-            out["scored_steps"] = row.get("turns_scored", row["turns"])
-            out["teacher_match"] = row["matched_turns"] / max(1, row["turns"]) if self.teacher is not None else None
-            out_rows.append(out)
-        result: dict[str, Any] = {
-            "prompt_ids": prompt_ids,
-            "completion_ids": completion_ids,
-            "logprobs": logprobs,
-            "env_mask": env_mask,
-        }
-        if self.config.constrained_decoding:
-            result[LEGAL_FIELD] = legal
-        result.update(self._extra_fields(out_rows))
-        gen_tokens = sum(sum(m) for m in env_mask)
-        decisions = sum(r["turns"] for r in rows)
-        # Every decision reads a full state: the anchor prompt, then one environment turn per later decision.
-        prompt_tokens = sum(len(p) for p in prompt_ids) + sum(len(m) - sum(m) for m in env_mask)
-        self.log_metrics(trainer, out_rows, time.perf_counter() - start, gen_tokens, decisions, prompt_tokens)
-        return result
-
-    def _env_turn_ids(self, tokenizer, user_content: str, ends_with_eos: bool) -> list[int]:
-        """Token ids of the environment's turn, as the chat template places them after the model's turn."""
-        before, after = env_turn_template(tokenizer)
-        text = before + user_content + after
-        if not ends_with_eos:  # the model hit its token budget: close its turn before the environment speaks
-            text = tokenizer.eos_token + text
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def env_turn_template(tokenizer) -> tuple[str, str]:
-    """``(before, after)``: the chat template's text around a user message that follows the model's EOS.
-
-    Rendered from the tokenizer's own template, so any ChatML-like format works: for Qwen-style ChatML this is
-    ``("\\n<|im_start|>user\\n", "<|im_end|>\\n<|im_start|>assistant\\n")``.
-    """
-    user_mark, model_mark = "\x00", "\x01"
-    convo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": model_mark}]
-    full = tokenizer.apply_chat_template(
-        [*convo, {"role": "user", "content": user_mark}], add_generation_prompt=True, tokenize=False,
-        enable_thinking=False,  # as every prompt is rendered (recruit_trl.models.generation.encode_prompt callers)
-    )  # fmt: skip
-    head, after = full.split(user_mark, 1)
-    between = head.split(model_mark, 1)[1]
-    eos = tokenizer.eos_token or ""
-    before = between[len(eos) :] if between.startswith(eos) else between
-    return before, after
-
-
 class EpisodeRollout(_RolloutBase):
     """``rollout_func`` for episode mode: the policy's own episodes, every decision a training row with its advantage.
 
@@ -579,8 +422,8 @@ class EpisodeRollout(_RolloutBase):
     group's other episodes, and the n-step return of the step rewards against decisions at the same state); the call
     returns as many rows as it got prompts, drawn at random from all the decisions (a decision's prompt and answer as
     one row: environment text is prompt, never completion), with the advantage in the ``advantage`` field for
-    :class:`recruit_trl.training.episode_trainer.EpisodeAdvantages` and the step row's fields (so TRL's
-    ``rewards/<name>/mean`` is each function's mean over the drawn decisions' own steps).
+    :class:`recruit_trl.training.trainer.RecruitGRPOTrainer` (``episode_advantages=True``) and the step row's fields
+    (so TRL's ``rewards/<name>/mean`` is each function's mean over the drawn decisions' own steps).
 
     Logged per call: the policy's own outcome, final score and rate metrics over its episodes (``episode/...``, e.g.
     ``episode/win_rate``), the share of groups whose episodes all had the same outcome, the share of decisions in a
@@ -790,11 +633,11 @@ class EpisodeRollout(_RolloutBase):
         log("episode/advantage_mean", mean_advantage)
 
 
-ROLLOUTS = {"branch": BranchRollout, "window": WindowRollout, "episode": EpisodeRollout}
+ROLLOUTS = {"branch": BranchRollout, "episode": EpisodeRollout}
 
 
 def make_rollout(
     config: RolloutConfig, interface: EnvInterface | None = None, seed: int = 0
-) -> BranchRollout | WindowRollout | EpisodeRollout:
+) -> BranchRollout | EpisodeRollout:
     """The rollout function for ``config.mode`` (``seed``: mixed into every group's environment seed)."""
     return ROLLOUTS[config.mode](config, interface, seed)

@@ -468,9 +468,9 @@ def trl_prompt(prompt: Any, text: str) -> Any:
 # --------------------------------------------------------------------------------------------- chat template
 #: ChatML in a one-tool dialect, for a model that answers the ``index`` contract but whose template renders no tool
 #: calls (the tiny model, SmolLM2). A call of :data:`TOOL_NAME` is written as its bare arguments object, which is
-#: exactly the contract's answer (``{"action_index": 4}``), and a tool's reply is the next user turn (the state text,
-#: as window mode renders it): a conversation of ``act`` calls renders token for token like the rollouts' prompts, and
-#: a model that answers the contract calls the tool without any training. A call of any other tool is written as
+#: exactly the contract's answer (``{"action_index": 4}``), and a tool's reply is the next user turn (the state text):
+#: a conversation of ``act`` calls renders token for token like the rollouts' prompts, and a model that answers the
+#: contract calls the tool without any training. A call of any other tool is written as
 #: Qwen2.5 writes it (``<tool_call>{"name": ..., "arguments": ...}</tool_call>``) but is not parsed back. No tool
 #: schema is rendered: the system prompt states the one tool's contract. Without tools it renders exactly as the tiny
 #: model's ChatML (``recruit_trl.models.tokenizer.CHAT_TEMPLATE``); assistant turns are in ``{% generation %}``.

@@ -104,12 +104,12 @@ class WarmStartArguments:
                   "whose student scored best (mean final score over the tasks) is the model saved, not necessarily "
                   "the last."},
     )  # fmt: skip
-    sft_token_metrics: bool | None = field(
-        default=None,
+    sft_token_metrics: bool = field(
+        default=True,
         metadata={"help": "true: TRL's loss (a chunked pass over the LM head that also logs entropy and mean token "
                   "accuracy each step, lean on memory for large vocabularies); false: the model's own "
-                  "cross-entropy on the same completion tokens (about 20%% faster steps for the tiny model on CPU); "
-                  "unset: false when the vocabulary has fewer than 32k tokens."},
+                  "cross-entropy on the same completion tokens (about 20%% faster steps for the tiny model on CPU, "
+                  "its default)."},
     )  # fmt: skip
     sft_length_buckets: bool = field(
         default=False,
@@ -166,14 +166,14 @@ class ScriptArguments(RolloutConfig):
         metadata={
             "help": "Reward functions, weighted by --reward_weights: names from the `rewards` package (generic "
             "ones and each environment's) or 'package.module:function' for any other. What every mode learns: "
-            "branch and window mode score a row (the sampled action and its continuation) with them, episode mode "
+            "branch mode scores a row (the sampled action and its continuation) with them, episode mode "
             "each decision's own step (its step reward; their sum is the episode's outcome)."
         },
     )
     shuffle_advantages: bool = field(
         default=False,
         metadata={"help": "The control of a learning claim, in every mode: the advantages the trainer computed are "
-                  "permuted among the rows of each optimizer step (recruit_trl.training.control), so the update "
+                  "permuted among the rows of each optimizer step (recruit_trl.training.trainer), so the update "
                   "has their size but no credit; what a run gains beyond its control is learnt from the credit."},
     )  # fmt: skip
 
@@ -191,18 +191,19 @@ class ScriptArguments(RolloutConfig):
     sft_epochs: float = field(
         default=2.0, metadata={"help": "Epochs of the SFT warm start's first fit (DAgger rounds: --dagger_epochs)."}
     )
-    sft_full_finetune: bool | None = field(
-        default=None,
+    sft_full_finetune: bool = field(
+        default=False,
         metadata={"help": "SFT warm start: true fine-tunes every weight, false trains a LoRA adapter (RL then "
-                  "continues it); unset: every weight for the tiny model built here from scratch (its LoRA lacks the "
-                  "capacity to imitate the teacher), a LoRA adapter for every pretrained model and with "
-                  "--load_in_4bit/--load_in_8bit. --use_peft false asks for every weight too."},
+                  "continues it). The tiny model built here from scratch defaults to true (its LoRA lacks the "
+                  "capacity to imitate the teacher), unless quantised (--load_in_4bit/--load_in_8bit: an adapter). "
+                  "--use_peft false asks for every weight too."},
     )  # fmt: skip
-    rl_full_finetune: bool | None = field(
-        default=None,
+    rl_full_finetune: bool = field(
+        default=False,
         metadata={"help": "RL after a fully fine-tuned warm start: true trains every weight, false a fresh LoRA "
-                  "adapter on it; unset: every weight for the tiny model built here (a fresh LoRA barely moved its "
-                  "policy), a LoRA adapter otherwise. After a LoRA warm start RL always continues that adapter."},
+                  "adapter on it. The tiny model built here defaults to true (a fresh LoRA barely moved its policy), "
+                  "unless quantised. After a LoRA warm start RL always continues that adapter; --use_peft false asks "
+                  "for every weight."},
     )  # fmt: skip
     sft_batch_size: int = field(default=16, metadata={"help": "Rows per step of the SFT warm start."})
     sft_max_steps: int = field(
@@ -217,11 +218,11 @@ class ScriptArguments(RolloutConfig):
         default=True, metadata={"help": "Evaluate base / SFT / RL models and baselines at the end; write report.json."}
     )
     eval_seeds: str = field(default="0-9", metadata={"help": "Held-out reset seeds of the final evaluation."})
-    eval_episodes: bool | None = field(
-        default=None,
-        metadata={"help": "Evaluate the base, SFT and RL models over whole episodes on --eval_seeds (unset: for the "
-                  "tiny model only; a real model on CPU needs minutes per episode, and is measured at decision "
-                  "level instead, see --eval_decisions). --eval_baselines always play whole episodes."},
+    eval_episodes: bool = field(
+        default=False,
+        metadata={"help": "Evaluate the base, SFT and RL models over whole episodes on --eval_seeds (the tiny model's "
+                  "default; a real model on CPU needs minutes per episode, and is measured at decision level "
+                  "instead, see --eval_decisions). --eval_baselines always play whole episodes."},
     )  # fmt: skip
     eval_decisions: bool = field(
         default=True,
@@ -406,7 +407,7 @@ def check_vllm_arguments(training_args: Any, model_args: Any) -> None:
         check_cpu_settings(training_args.vllm_mode, training_args.world_size, quantised)
 
 
-def check_quantised_training(model_args: Any, full_finetune: bool | None, flags: str) -> None:
+def check_quantised_training(model_args: Any, full_finetune: bool, flags: str) -> None:
     """Refuse to fine-tune every weight of a quantised model (``--load_in_4bit`` / ``--load_in_8bit``): its frozen
     integer weights train only through a LoRA adapter. ``full_finetune`` is what ``flags`` asked for."""
     quantised = getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False)
@@ -475,6 +476,7 @@ def check_rl_arguments(
     check_constrained_sampling(script_args, training_args)
     check_quantised_training(model_args, script_args.sft_full_finetune, "--sft_full_finetune true")
     check_quantised_training(model_args, script_args.rl_full_finetune, "--rl_full_finetune true")
+    check_quantised_training(model_args, not model_args.use_peft, "--use_peft false")
     return script_args, warm, training_args, model_args
 
 

@@ -157,8 +157,9 @@ def unwrapped_causal_lm(accelerator, model) -> torch.nn.Module:
 
 
 class LegalLogprobs:
-    """A mixin for ``GRPOTrainer`` classes: with a rollout that returns :data:`LEGAL_FIELD`, every log-probability
-    the trainer computes (the loss's, the old and the reference policy's) is over the legal tokens."""
+    """A ``GRPOTrainer`` mixin of :class:`~recruit_trl.training.trainer.RecruitGRPOTrainer`: with a rollout that
+    returns :data:`LEGAL_FIELD` (constrained decoding), every log-probability the trainer computes (the loss's, the old
+    and the reference policy's) is over the legal tokens; without it, TRL's."""
 
     _legal_rows: list | None = None  # the rows of the generation batch being scored, as the rollout returned them
     _legal: torch.Tensor | None = None  # the legal ids of the batch the loss is computed on
@@ -242,10 +243,3 @@ class LegalLogprobs:
         entropies = torch.cat(all_entropies) if compute_entropy else None
         aux_loss = torch.stack(all_aux_losses).mean() if compute_aux_loss else None
         return torch.cat(all_logps), entropies, aux_loss
-
-
-def legal_trainer(trainer_cls: type) -> type:
-    """``trainer_cls`` trained on the log-probabilities of constrained decoding (:class:`LegalLogprobs` mixed in)."""
-    if issubclass(trainer_cls, LegalLogprobs):
-        return trainer_cls
-    return type(f"Legal{trainer_cls.__name__}", (LegalLogprobs, trainer_cls), {})

@@ -130,10 +130,11 @@ def _rows(value: Any, index: torch.Tensor) -> Any:
 
 
 class LengthSortedBatches:
-    """A mixin for ``GRPOTrainer`` classes: a generation batch is split into micro-batches of similar prompt lengths
-    (:func:`length_sorted_split`, the rows of a prompt together, prompts of one length in TRL's random order) instead
-    of TRL's random split, with the same buffering: one generation every ``steps_per_generation * num_iterations``
-    micro-steps, micro-step ``k`` trains on micro-batch ``k % steps_per_generation``.
+    """A ``GRPOTrainer`` mixin of :class:`~recruit_trl.training.trainer.RecruitGRPOTrainer`: a generation batch is
+    split into micro-batches of similar prompt lengths (:func:`length_sorted_split`, the rows of a prompt together,
+    prompts of one length in TRL's random order) instead of TRL's random split, with the same buffering: one
+    generation every ``steps_per_generation * num_iterations`` micro-steps, micro-step ``k`` trains on micro-batch
+    ``k % steps_per_generation``.
 
     A trainer whose settings make the split change the gradient (:func:`length_sort_differs`) runs TRL's own
     ``_prepare_inputs`` and logs why once; so do evaluation batches. A batch of one micro-batch and a multimodal one
@@ -166,11 +167,3 @@ class LengthSortedBatches:
             if self._length_sort_off is not None:
                 logger.warning("length-sorted micro-batches off: %s; using TRL's split", self._length_sort_off)
         return self._length_sort_off
-
-
-def length_sorted_trainer(trainer_cls: type) -> type:
-    """``trainer_cls`` with :class:`LengthSortedBatches` mixed in, under the same name: what it trains is
-    ``trainer_cls``'s (the name reaches the model card and the run report)."""
-    if issubclass(trainer_cls, LengthSortedBatches):
-        return trainer_cls
-    return type(trainer_cls.__name__, (LengthSortedBatches, trainer_cls), {})

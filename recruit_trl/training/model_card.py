@@ -163,7 +163,7 @@ def model_card(
     lines += ["---", "", f"# {folder.resolve().name}", ""]
     lines += [
         f"{kind} on {base_name}, {what}, to act in the `{interface.name}` environment: it "
-        f"reads one state as a chat prompt and answers with {answer_phrase(prompts.contract)}. Trained with "
+        f"reads one state as a chat prompt and answers with {ANSWER_PHRASE}. Trained with "
         "recruit_trl, a plugin for Hugging Face [TRL](https://github.com/huggingface/trl) that trains agents on "
         "long-horizon environments.",
         "",
@@ -230,11 +230,7 @@ def base_model_notes(model_args: Any, adapter: bool) -> list[str]:
     return ["", *notes] if notes else []
 
 
-def answer_phrase(contract: str) -> str:
-    """How the model answers under ``contract``."""
-    if contract == "index":
-        return 'one of the listed candidate actions, `{"action_index": k}` (`k` its number in the list)'
-    return "one JSON object, the environment's full action (the `json` contract)"
+ANSWER_PHRASE = 'one of the listed candidate actions, `{"action_index": k}` (`k` its number in the list)'
 
 
 def usage_section(folder: Path, adapter: bool, prompts: Any, tasks: Sequence[str]) -> list[str]:
@@ -246,13 +242,12 @@ def usage_section(folder: Path, adapter: bool, prompts: Any, tasks: Sequence[str
         else ["from transformers import AutoModelForCausalLM, AutoTokenizer"]
     )
     load = "AutoPeftModelForCausalLM" if adapter else "AutoModelForCausalLM"
-    listed = " and the numbered candidate actions" if prompts.contract == "index" else ""
     return [
         "## How to use",
         "",
         "The prompts are recruit_trl's rendering of a state (`recruit_trl.contracts.build_messages`): the "
-        f"environment's system prompt and answer format, then the state{listed}. The model answers "
-        f"{answer_phrase(prompts.contract)}; `recruit_trl.contracts.parse_action` parses the answer strictly and "
+        "environment's system prompt and answer format, then the state and the numbered candidate actions. The "
+        f"model answers {ANSWER_PHRASE}; `recruit_trl.contracts.parse_action` parses the answer strictly and "
         "plays the environment's safe fallback action for anything else.",
         "",
         "```python",

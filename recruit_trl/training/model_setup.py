@@ -18,7 +18,6 @@ from recruit_trl.models.loading import (
     load_trainable,
     loading_config,
     model_folder,
-    model_kind,
 )
 from recruit_trl.protocol import EnvInterface, get_env_interface
 from recruit_trl.traces import collect_traces
@@ -104,23 +103,20 @@ def setup_run(script_args: Any, model_name_or_path: str) -> RunSetup:
     return RunSetup(interface=interface, tasks=tasks, model_path=model_path)
 
 
-def full_finetune(choice: bool | None, model_args: Any, model_path: str) -> bool:
-    """Whether a stage fine-tunes every weight (``choice``: ``--sft_full_finetune`` / ``--rl_full_finetune``).
-
-    Unset (``None``), it trains every weight only for the tiny model built here from scratch, or when ``--use_peft
-    false`` asks for it; every pretrained model trains a LoRA adapter. A quantised model (``--load_in_4bit`` /
-    ``--load_in_8bit``) always trains an adapter: its frozen integer weights cannot be fine-tuned.
+def full_finetune(choice: bool, model_args: Any) -> bool:
+    """Whether a stage fine-tunes every weight: ``choice`` (``--sft_full_finetune`` / ``--rl_full_finetune``, true by
+    default for the tiny model built here: :mod:`recruit_trl.training.defaults`), or ``--use_peft false``. A quantised
+    model (``--load_in_4bit`` / ``--load_in_8bit``) trains an adapter: its frozen integer weights cannot be fine-tuned.
 
     Raises:
-        ValueError: ``true`` together with quantisation.
+        ValueError: every weight asked for together with quantisation.
     """
     quantized = bool(getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False))
-    if choice and quantized:
+    full = bool(choice) or not model_args.use_peft
+    if full and quantized:
         raise ValueError("full fine-tuning cannot train a quantised model: drop --load_in_4bit/--load_in_8bit or "
-                         "leave --sft_full_finetune/--rl_full_finetune unset or false")  # fmt: skip
-    if choice is None:
-        return not quantized and (model_kind(model_path) == "tiny" or not model_args.use_peft)
-    return choice
+                         "--sft_full_finetune/--rl_full_finetune true or --use_peft false")  # fmt: skip
+    return full
 
 
 def rl_start(
@@ -146,7 +142,7 @@ def rl_start(
         model = sft_adapter
         if Path(model, "tokenizer_config.json").is_file():
             tokenizer_path = model
-        if full_finetune(script_args.rl_full_finetune, model_args, model_path):
+        if full_finetune(script_args.rl_full_finetune, model_args):
             peft_config = None
     return model, AutoTokenizer.from_pretrained(tokenizer_path, padding_side="left"), peft_config
 

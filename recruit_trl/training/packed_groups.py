@@ -183,10 +183,11 @@ def packing_unsupported(config) -> str | None:
 
 
 class PackedGroups:
-    """A mixin for ``GRPOTrainer`` classes: every log-probability the trainer computes (the loss's, the old and the
-    reference policy's) scores the rows that share a prompt packed (:func:`pack_groups`), with TRL's fused LM head,
-    or over the legal tokens when :class:`~recruit_trl.training.legal_logprobs.LegalLogprobs` is mixed in behind it.
-    Everything else, and every batch or model the packing does not cover, takes the next class's path."""
+    """A ``GRPOTrainer`` mixin of :class:`~recruit_trl.training.trainer.RecruitGRPOTrainer`: every log-probability the
+    trainer computes (the loss's, the old and the reference policy's) scores the rows that share a prompt packed
+    (:func:`pack_groups`), with TRL's fused LM head, or over the legal tokens when
+    :class:`~recruit_trl.training.legal_logprobs.LegalLogprobs` is mixed in behind it. Everything else, and every batch
+    or model the packing does not cover, takes the next class's path."""
 
     _packing_off: str | None = None  # why this trainer scores rows unpacked, once known
     _packing_checked = False  # whether the first packed chunk was compared with the unpacked computation
@@ -304,10 +305,3 @@ class PackedGroups:
                 self._packing_checked = True
                 logger.warning("packed groups off: %s; each row is scored on its own", why)
         return self._packing_off
-
-
-def packed_trainer(trainer_cls: type) -> type:
-    """``trainer_cls`` with :class:`PackedGroups` in front of its log-probabilities, under the same name."""
-    if issubclass(trainer_cls, PackedGroups):
-        return trainer_cls
-    return type(trainer_cls.__name__, (PackedGroups, trainer_cls), {})

@@ -20,7 +20,6 @@ from recruit_trl.models.loading import (
     is_trained,
     loading_config,
     model_fingerprint,
-    model_kind,
     model_summary,
 )
 from recruit_trl.ranges import parse_int_ranges
@@ -39,7 +38,7 @@ def report_runs(
     started from one) and RL models greedy (and sampled for ``--eval_sampled``), then ``--eval_baselines``."""
     out = Path(training_args.output_dir)
     policies = {}
-    if eval_model_episodes(script_args, setup.model_path):
+    if script_args.eval_episodes:
         policies["base"] = f"model:{setup.model_path}"
         if sft_adapter:
             policies["sft"] = f"model:{sft_adapter}"
@@ -82,13 +81,6 @@ def eval_workers(script_args) -> int:
     if script_args.eval_workers > 0:
         return script_args.eval_workers
     return 1 if torch.cuda.is_available() else max(1, os.cpu_count() or 1)
-
-
-def eval_model_episodes(script_args, model_path: str) -> bool:
-    """Whether the report plays whole episodes with the models (``--eval_episodes``; unset: the tiny model)."""
-    if script_args.eval_episodes is None:
-        return model_kind(model_path) == "tiny"
-    return script_args.eval_episodes
 
 
 def start_baseline_evals(script_args, training_args, model_args, setup: RunSetup):

@@ -250,14 +250,12 @@ def mean_over_tasks(scores: dict[str, float]) -> float:
     return sum(scores.values()) / max(1, len(scores))
 
 
-def heldout_report(
-    model, tokenizer, dataset, contract: str = "index", batch_size: int = 64, interface: EnvInterface | None = None
-) -> dict[str, Any]:
+def heldout_report(model, tokenizer, dataset, contract: str = "index", batch_size: int = 64) -> dict[str, Any]:
     """Greedy predictions on held-out rows: teacher match, strict JSON, valid action, action-type distributions.
 
-    A prediction is valid when it parses under the contract (index in range; for ``json``, an action the
-    interface validates). ``teacher_match_by_type`` breaks the teacher match down by task and the teacher's action
-    type (``[rate, rows]``): an overall match can hide a task or an action type the warm start misses.
+    A prediction is valid when it parses under the contract (an index in range). ``teacher_match_by_type`` breaks the
+    teacher match down by task and the teacher's action type (``[rate, rows]``): an overall match can hide a task or
+    an action type the warm start misses.
     """
     from transformers import GenerationConfig
 
@@ -277,17 +275,9 @@ def heldout_report(
         cell = by_type.setdefault(row.get("task", "all"), {}).setdefault(row["action_type"], [0, 0])
         cell[0] += hit
         cell[1] += 1
-        obj = parse_json_object(text)[0]
-        strict += int(obj is not None)
-        predicted = None
-        if contract == "index":
-            k, _ = parse_index(text, len(row["candidate_types"]))
-            predicted = row["candidate_types"][k] if k is not None else None
-        elif obj is not None and interface is not None:
-            try:
-                predicted = interface.action_type(interface.validate_action(obj, {}))
-            except ValueError:
-                predicted = None
+        strict += int(parse_json_object(text)[0] is not None)
+        k, _ = parse_index(text, len(row["candidate_types"]))
+        predicted = row["candidate_types"][k] if k is not None else None
         valid += int(predicted is not None)
         if predicted is not None:
             predicted_types[predicted] += 1

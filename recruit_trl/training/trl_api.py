@@ -1,11 +1,11 @@
 """The private parts of TRL that recruit_trl overrides or calls, and a check that the installed TRL still has them.
 
-The trainer mixins override private ``GRPOTrainer`` methods and call them through ``super()`` with fixed arguments,
-and the length-sorted split calls TRL's batch helpers. A TRL release may rename, remove or re-sign any of them
-without notice; an override whose signature no longer matches would then be skipped or called with the wrong
-arguments, or would silently drop a new argument. :data:`TRL_PRIVATE_API` lists each one with its parameters (names
-and kinds, defaults and annotations left out) as TRL 1.16 has them, and :func:`check_trl_private_api` fails loudly
-when the installed TRL differs. Nothing runs at import.
+The RL trainers (:mod:`recruit_trl.training.trainer` and its mixins) override private ``GRPOTrainer`` methods and call
+them through ``super()`` with fixed arguments, and the length-sorted split calls TRL's batch helpers. A TRL release may
+rename, remove or re-sign any of them without notice; an override whose signature no longer matches would then be
+skipped or called with the wrong arguments, or would silently drop a new argument. :data:`TRL_PRIVATE_API` lists each
+one with its parameters (names and kinds, defaults and annotations left out) as TRL 1.16 has them, and
+:func:`check_trl_private_api` fails loudly when the installed TRL differs. Nothing runs at import.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ TRL_PRIVATE_API = (
     ),
     PrivateMethod(
         "trl", "GRPOTrainer._generate_and_score_completions", "(self, inputs)",
-        "overridden by training.episode_trainer, control, reinforce and legal_logprobs; called by length_batches",
+        "overridden by training.trainer.RecruitGRPOTrainer and legal_logprobs; called by length_batches",
     ),
     PrivateMethod(
         "trl", "GRPOTrainer._generate", "(self, prompts)",

@@ -8,9 +8,9 @@ oneDNN; and an engine built without a dtype ran a float32 checkpoint in bfloat16
 :class:`CPUColocateGeneration` is ``VLLMGeneration`` with those two methods replaced: the engine is
 :func:`recruit_trl.models.vllm_engine.start_engine` (in-process, the trained model's dtype, prefix caching, eager),
 and the sync pushes TRL's own merged weights (``_iter_named_params``) through
-:func:`~recruit_trl.models.vllm_engine.push_weights`. :class:`VLLMOnCPU`, mixed into the RL trainers, makes TRL
-build it when there is no GPU; :func:`cpu_vllm_generation` does the same around any ``GRPOTrainer(...)`` call (the
-tool loop's recipe).
+:func:`~recruit_trl.models.vllm_engine.push_weights`. :func:`cpu_vllm_generation` makes TRL build it around a
+``GRPOTrainer(...)`` call when there is no GPU (:class:`recruit_trl.training.trainer.RecruitGRPOTrainer` does so
+itself; the tool loop's recipe wraps TRL's trainer in it).
 
 Server mode's sync sends the weights over NCCL, which needs CUDA: on CPU it is refused at set-up with that reason.
 """
@@ -63,12 +63,3 @@ def cpu_vllm_generation() -> Iterator[None]:
         yield
     finally:
         grpo_module.VLLMGeneration = original
-
-
-class VLLMOnCPU:
-    """A mixin for ``GRPOTrainer`` classes: with ``use_vllm`` and no GPU, TRL's generator is
-    :class:`CPUColocateGeneration`."""
-
-    def __init__(self, *args, **kwargs):
-        with cpu_vllm_generation():
-            super().__init__(*args, **kwargs)

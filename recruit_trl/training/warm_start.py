@@ -85,7 +85,7 @@ def train_sft(
     the base model (``tiny`` built and cached, ``smollm2`` unpacked); ``model_args`` says how the model is loaded and
     whether it trains a LoRA adapter.
     """
-    interface, model_path = setup.interface, setup.model_path
+    model_path = setup.model_path
     out = Path(training_args.output_dir)
     finished = read_json(out / "heldout_report.json")
     if finished is not None and is_trained(out):
@@ -134,7 +134,7 @@ def train_sft(
         if r > 0:
             args.num_train_epochs, args.max_steps = warm.dagger_epochs, -1  # a step cap is the first fit's
         trainer = WarmStartSFTTrainer(
-            model_loss=not token_metrics(warm, model_path),
+            model_loss=not warm.sft_token_metrics,
             length_buckets=warm.sft_length_buckets,
             model=model if model is not None else model_path,
             args=args,
@@ -169,7 +169,7 @@ def train_sft(
     if warm.sft_data == "teacher_sets":
         report = {"heldout": "scored by the set benchmark"}
     else:
-        report = heldout_report(model, tokenizer, heldout, prompts.contract, interface=interface)
+        report = heldout_report(model, tokenizer, heldout, prompts.contract)
     report["data"] = stats
     report["model"] = model_summary(model)
     report["dagger"] = dagger
@@ -315,7 +315,7 @@ def run_warm_start(
     device settings and the ``--sft_epochs`` / ``--sft_learning_rate`` / ``--sft_batch_size`` / ``--sft_max_steps``
     budget.
     """
-    full = full_finetune(script_args.sft_full_finetune, model_args, setup.model_path)
+    full = full_finetune(script_args.sft_full_finetune, model_args)
     # activation_checkpointing, not its deprecated alias gradient_checkpointing (a config given the old name warns),
     # where transformers has it (not before 5.18, which vLLM's CPU build pins)
     names = ("activation_checkpointing", "gradient_checkpointing")
@@ -395,16 +395,6 @@ class LengthBucketSampler(torch.utils.data.Sampler):
         batches = list(length_bucketed_batches(self.lengths, self.batch_size, rng))
         for batch in sorted(batches, key=lambda b: len(b) < self.batch_size):  # stable: full batches keep their order
             yield from batch
-
-
-def token_metrics(warm: WarmStartArguments, model_path: str) -> bool:
-    """Whether to train through TRL's loss (with its token metrics); see ``--sft_token_metrics``."""
-    if warm.sft_token_metrics is not None:
-        return warm.sft_token_metrics
-    config_file = Path(model_path, "config.json")
-    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
-    vocab = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or 0
-    return not 0 < vocab < 32_768
 
 
 def dagger_data(
