@@ -10,7 +10,7 @@ and that the environment took without error), the device, library versions, the 
 
 Nothing is downloaded. The model is built from ``transformers.Qwen3Config`` with Qwen3-4B's dimensions and random
 weights, saved (bf16 on GPU) with a small byte-level BPE tokenizer trained on rendered environment prompts
-(``recruit_trl.models.tokenizer.build_tokenizer``; the embedding keeps Qwen3's 151936 rows), then loaded the way
+(``recruit_trl.workflow.tokenizer.build_tokenizer``; the embedding keeps Qwen3's 151936 rows), then loaded the way
 ``recipes/grpo_clinical.py --load_in_4bit`` loads a model: ``GRPOTrainer`` gets the folder, a 4-bit NF4
 ``BitsAndBytesConfig`` and a LoRA ``peft_config`` (r=16, every linear layer), and trains with the project's branch
 rollouts (``recruit_trl.rollout.rollout_funcs.make_rollout``) on clinical anchors with a 4-day continuation horizon, so
@@ -142,8 +142,8 @@ def check_requirements(dry_run: bool) -> None:
 
 def build_tokenizer_for(interface):
     """A byte-level BPE tokenizer trained on one safe-agent episode per task, rendered as the rollouts render it."""
-    from recruit_trl.models.tokenizer import build_tokenizer
     from recruit_trl.traces import collect_traces
+    from recruit_trl.workflow.tokenizer import build_tokenizer
 
     rows = collect_traces(interface, ROLLOUT["tasks"], [0], contract="index", recent_k=2, relabel=False)
 
@@ -301,8 +301,8 @@ def main(args: argparse.Namespace) -> dict:
     from recruit_trl.models.loading import keep_4bit_layers_trainable
     from recruit_trl.protocol import get_env_interface
     from recruit_trl.rollout.rollout_funcs import make_rollout
-    from recruit_trl.training.anchor_data import make_anchor_dataset
-    from recruit_trl.training.arguments import ScriptArguments
+    from recruit_trl.workflow.anchor_data import make_anchor_dataset
+    from recruit_trl.workflow.arguments import ScriptArguments
     from rewards import get_reward_funcs
 
     started = time.perf_counter()

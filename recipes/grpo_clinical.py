@@ -9,17 +9,18 @@ With no arguments on a CPU machine this is the main job, end to end in one outpu
         --model_name_or_path Qwen/Qwen3-4B --load_in_4bit --bf16 true --per_device_train_batch_size 16
     python recipes/grpo_clinical.py --config recipes/grpo_clinical.yaml
 
-Top to bottom (steps 2-6 are ``recruit_trl.pipeline.run_rl``, which the REINFORCE recipe runs with its own trainer):
+Top to bottom (steps 2-6 are ``recruit_trl.workflow.pipeline.run_rl``, which the REINFORCE recipe runs with its own
+trainer):
 1. Arguments: ``ScriptArguments`` (anchors, rollout mode, rewards, where RL starts, report) + ``WarmStartArguments``
    (the warm start's teacher, data and DAgger, the SFT recipe's own) + ``GRPOConfig`` + ``ModelConfig`` through
    ``TrlParser`` (``--config file.yaml`` supported); the fields' environment-neutral defaults under the environment's
    own (``env/clinical/training_defaults.py``) and a named model's (``smollm2``'s are sized for 45 minutes on 2
-   cores), under the YAML and the command line: ``recruit_trl.training.defaults.recipe_defaults``.
+   cores), under the YAML and the command line: ``recruit_trl.workflow.defaults.recipe_defaults``.
 2. The environment interface (``--env``) and its tasks (``--tasks``, default: all of the environment's).
 3. The policy model: ``tiny`` (a warm tiny Qwen3 built locally and cached), ``smollm2`` (from its wheel), or
    any local folder / cached hub id, loaded as ``ModelConfig`` says in every stage (dtype, attention,
    ``--load_in_4bit`` for QLoRA).
-4. Warm start (``--warm_start auto``): the SFT recipe's pipeline (``recruit_trl.training.warm_start``), in-process with
+4. Warm start (``--warm_start auto``): the SFT recipe's pipeline (``recruit_trl.workflow.warm_start``), in-process with
    this run's ``ModelConfig``, imitates ``--teacher`` (cached in ``<output_dir>/sft``; DAgger rounds, the best round
    kept; its settings are the SFT recipe's ``WarmStartArguments``, its budget ``--sft_epochs`` / ``--sft_max_steps`` /
    ``--sft_batch_size`` / ``--sft_learning_rate``). A pretrained model trains a
@@ -36,7 +37,7 @@ Top to bottom (steps 2-6 are ``recruit_trl.pipeline.run_rl``, which the REINFORC
    tiny model), over whole episodes on held-out ``--eval_seeds`` (models greedy; those named by ``--eval_sampled``
    also sampled at ``--eval_temperature`` / ``--eval_top_p``: rows ``<model>-sampled``); the decision-level report
    (``--eval_decisions``: benchmark table and state values on held-out states, every model);
-   ``report.json``, PNG plots and a one-screen summary in ``--output_dir`` (``recruit_trl.training.run_report``). The
+   ``report.json``, PNG plots and a one-screen summary in ``--output_dir`` (``recruit_trl.workflow.run_report``). The
    baselines (pure Python) run in a background process while the warm start traces the teacher, on the core that
    would otherwise idle.
 """
@@ -47,16 +48,16 @@ import os
 import sys
 
 # recruit_trl before TRL: importing it keeps off the console a notice that TRL's own import would print
-from recruit_trl.training.parsing import RecipeParser, parse_or_exit
+from recruit_trl.workflow.parsing import RecipeParser, parse_or_exit
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from trl import GRPOConfig, ModelConfig  # noqa: E402
 
-from recruit_trl.pipeline import run_rl  # noqa: E402
-from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments, check_rl_arguments  # noqa: E402
-from recruit_trl.training.defaults import recipe_defaults  # noqa: E402
 from recruit_trl.training.trainer import RecruitGRPOTrainer  # noqa: E402
+from recruit_trl.workflow.arguments import ScriptArguments, WarmStartArguments, check_rl_arguments  # noqa: E402
+from recruit_trl.workflow.defaults import recipe_defaults  # noqa: E402
+from recruit_trl.workflow.pipeline import run_rl  # noqa: E402
 
 
 def main(
@@ -66,7 +67,7 @@ def main(
     model_args: ModelConfig,
     trainer_cls: type[RecruitGRPOTrainer] = RecruitGRPOTrainer,
 ) -> RecruitGRPOTrainer:
-    """Steps 2-6 above (``recruit_trl.pipeline.run_rl``) with ``recruit_trl.RecruitGRPOTrainer`` (TRL's
+    """Steps 2-6 above (``recruit_trl.workflow.pipeline.run_rl``) with ``recruit_trl.RecruitGRPOTrainer`` (TRL's
     ``GRPOTrainer`` with packed groups, legal-token log-probabilities, episode advantages and the control)."""
     return run_rl(script_args, warm, training_args, model_args, trainer_cls)
 

@@ -8,10 +8,11 @@ With no arguments on a CPU machine this runs the whole pipeline on the tiny mode
         --model_name_or_path Qwen/Qwen3-4B --load_in_4bit --bf16 true
     python recipes/grpo_conquest.py --config recipes/grpo_conquest.yaml
 
-Top to bottom (the pipeline is ``recruit_trl.pipeline.run_rl``, the clinical recipe's, with the settings below):
+Top to bottom (the pipeline is ``recruit_trl.workflow.pipeline.run_rl``, the clinical recipe's, with the settings
+below):
 1. Arguments: ``ScriptArguments`` + ``WarmStartArguments`` + ``GRPOConfig`` + ``ModelConfig`` through ``TrlParser``;
    the game's settings (``env/conquest/training_defaults.py``) and a named model's own over the environment-neutral
-   defaults, the YAML and the command line last (``recruit_trl.training.defaults.recipe_defaults``): this recipe is
+   defaults, the YAML and the command line last (``recruit_trl.workflow.defaults.recipe_defaults``): this recipe is
    ``recipes/grpo_clinical.py`` with ``--env conquest``.
 2. The model: ``tiny`` is built here from the game's texts (tokenizer and a short warm-up) and cached.
 3. Warm start (``recipes/sft_conquest.py``'s pipeline, into ``<output_dir>/sft``): the teacher decision sets
@@ -37,16 +38,16 @@ import os
 import sys
 
 # recruit_trl before TRL: importing it keeps off the console a notice that TRL's own import would print
-from recruit_trl.training.parsing import RecipeParser, parse_or_exit
+from recruit_trl.workflow.parsing import RecipeParser, parse_or_exit
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from trl import GRPOConfig, ModelConfig  # noqa: E402
 
-from recruit_trl.pipeline import run_rl  # noqa: E402
-from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments, check_rl_arguments  # noqa: E402
-from recruit_trl.training.defaults import recipe_defaults  # noqa: E402
 from recruit_trl.training.trainer import RecruitGRPOTrainer  # noqa: E402
+from recruit_trl.workflow.arguments import ScriptArguments, WarmStartArguments, check_rl_arguments  # noqa: E402
+from recruit_trl.workflow.defaults import recipe_defaults  # noqa: E402
+from recruit_trl.workflow.pipeline import run_rl  # noqa: E402
 
 
 def main(
@@ -56,7 +57,7 @@ def main(
     model_args: ModelConfig,
     trainer_cls: type[RecruitGRPOTrainer] = RecruitGRPOTrainer,
 ) -> RecruitGRPOTrainer:
-    """Steps 2-5 above (``recruit_trl.pipeline.run_rl``) with ``recruit_trl.RecruitGRPOTrainer``."""
+    """Steps 2-5 above (``recruit_trl.workflow.pipeline.run_rl``) with ``recruit_trl.RecruitGRPOTrainer``."""
     return run_rl(script_args, warm, training_args, model_args, trainer_cls)
 
 

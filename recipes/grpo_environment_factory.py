@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # recruit_trl before TRL: importing it keeps off the console a notice that TRL's own import would print
-from recruit_trl.training.parsing import RecipeParser, parse_or_exit
+from recruit_trl.workflow.parsing import RecipeParser, parse_or_exit
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -65,9 +65,9 @@ from recruit_trl.rollout.tool_env import (  # noqa: E402
     reward_part_funcs,
     tool_calling_tokenizer,
 )
-from recruit_trl.training.arguments import check_range, check_tasks, check_value  # noqa: E402
-from recruit_trl.training.defaults import model_defaults, recipe_choice, trainer_defaults  # noqa: E402
-from recruit_trl.training.model_setup import model_init_kwargs, resolve_model  # noqa: E402
+from recruit_trl.workflow.arguments import check_range, check_tasks, check_value  # noqa: E402
+from recruit_trl.workflow.defaults import model_defaults, recipe_choice, trainer_defaults  # noqa: E402
+from recruit_trl.workflow.model_setup import model_init_kwargs, resolve_model  # noqa: E402
 from rewards import DEFAULT_REWARD_WEIGHTS, DEFAULT_REWARDS, get_reward_funcs  # noqa: E402
 
 

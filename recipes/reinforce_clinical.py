@@ -15,16 +15,16 @@ import os
 import sys
 
 # recruit_trl before TRL: importing it keeps off the console a notice that TRL's own import would print
-from recruit_trl.training.parsing import RecipeParser, parse_or_exit
+from recruit_trl.workflow.parsing import RecipeParser, parse_or_exit
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from trl import GRPOConfig, ModelConfig  # noqa: E402
 
-from recruit_trl.pipeline import run_rl  # noqa: E402
-from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments, check_rl_arguments  # noqa: E402
-from recruit_trl.training.defaults import recipe_defaults  # noqa: E402
 from recruit_trl.training.trainer import REINFORCE_SETTINGS, RecruitReinforceTrainer  # noqa: E402
+from recruit_trl.workflow.arguments import ScriptArguments, WarmStartArguments, check_rl_arguments  # noqa: E402
+from recruit_trl.workflow.defaults import recipe_defaults  # noqa: E402
+from recruit_trl.workflow.pipeline import run_rl  # noqa: E402
 
 
 def main(
@@ -34,7 +34,7 @@ def main(
     model_args: ModelConfig,
     trainer_cls=RecruitReinforceTrainer,
 ) -> RecruitReinforceTrainer:
-    """The GRPO recipe's pipeline (``recruit_trl.pipeline.run_rl``) with ``RecruitReinforceTrainer``."""
+    """The GRPO recipe's pipeline (``recruit_trl.workflow.pipeline.run_rl``) with ``RecruitReinforceTrainer``."""
     return run_rl(script_args, warm, training_args, model_args, trainer_cls)
 
 

@@ -5,7 +5,7 @@
     accelerate launch recipes/sft_clinical.py --model_name_or_path Qwen/Qwen3-4B --bf16 true --load_in_4bit
 
 Top to bottom:
-1. Arguments: ``SFTScriptArguments`` (``recruit_trl.training.arguments``: the environment, its tasks) +
+1. Arguments: ``SFTScriptArguments`` (``recruit_trl.workflow.arguments``: the environment, its tasks) +
    ``WarmStartArguments`` (the teacher, seeds, balancing, DAgger: the flags the RL recipes' warm start takes too) +
    TRL's ``SFTConfig`` + ``ModelConfig`` through ``TrlParser``; CPU-friendly defaults.
 2. Data: teacher traces on ``--sft_train_seeds`` (balanced by action type within each task: no type above
@@ -24,7 +24,7 @@ Top to bottom:
 5. Held-out report (``<output_dir>/heldout_report.json``): teacher match (also by task and teacher action type),
    strict-JSON and valid-action rates, predicted vs teacher action-type distributions.
 
-Steps 2 to 5 are ``recruit_trl.training.warm_start.train_sft``, the pipeline the GRPO recipe's warm start runs too.
+Steps 2 to 5 are ``recruit_trl.workflow.warm_start.train_sft``, the pipeline the GRPO recipe's warm start runs too.
 """
 
 from __future__ import annotations
@@ -32,15 +32,15 @@ from __future__ import annotations
 import sys
 
 # recruit_trl before TRL: importing it keeps off the console a notice that TRL's own import would print
-from recruit_trl.training.parsing import RecipeParser, parse_or_exit
+from recruit_trl.workflow.parsing import RecipeParser, parse_or_exit
 
 # isort: split
 from trl import ModelConfig, SFTConfig
 
-from recruit_trl.training.arguments import SFTScriptArguments, WarmStartArguments, check_sft_arguments
-from recruit_trl.training.defaults import recipe_defaults
-from recruit_trl.training.model_setup import setup_run
-from recruit_trl.training.warm_start import train_sft
+from recruit_trl.workflow.arguments import SFTScriptArguments, WarmStartArguments, check_sft_arguments
+from recruit_trl.workflow.defaults import recipe_defaults
+from recruit_trl.workflow.model_setup import setup_run
+from recruit_trl.workflow.warm_start import train_sft
 
 
 def main(

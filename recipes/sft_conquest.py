@@ -10,7 +10,7 @@ Top to bottom:
 1. Arguments: ``SFTScriptArguments`` (environment, tasks) + ``WarmStartArguments`` (teacher, seeds, DAgger) + TRL's
    ``SFTConfig`` + ``ModelConfig`` through ``TrlParser``, with the game's defaults
    (``env/conquest/training_defaults.py``; a named model's own, e.g. ``smollm2``'s, on top:
-   ``recruit_trl.training.defaults.recipe_defaults``).
+   ``recruit_trl.workflow.defaults.recipe_defaults``).
 2. Data (``--sft_data teacher_sets``): the teacher plays ``classic3`` and ``duel`` on three disjoint seed ranges, every
    decision is a row (the RL prompt, the answer ``{"action_index": k}``), capped so that no decision phase holds more
    than ``--sft_max_type_fraction`` of a split: ``train`` (``--sft_train_seeds``), ``fixed`` (100 rows,
@@ -18,11 +18,11 @@ Top to bottom:
    ``<output_dir>/dataset/sets``.
 3. ``SFTTrainer`` on the completions (every weight of the tiny model built here, the game's ``sft:tiny`` default
    ``--use_peft false``; a LoRA adapter for a pretrained or quantised model), optional DAgger rounds; the model and
-   tokenizer are saved to ``--output_dir`` (``recruit_trl.training.warm_start.train_sft``, the pipeline
+   tokenizer are saved to ``--output_dir`` (``recruit_trl.workflow.warm_start.train_sft``, the pipeline
    ``recipes/grpo_conquest.py`` runs as its warm start).
 4. Benchmark (``<output_dir>/benchmark.json``, printed): rows, strict JSON, valid index, teacher match and invalid
    count of the base and the trained model on the fixed and held-out sets, greedy with free decoding, and the teacher
-   match under constrained decoding as a separate column (``recruit_trl.decisions.benchmark``).
+   match under constrained decoding as a separate column (``recruit_trl.workflow.decisions.benchmark``).
 
 Re-running the same command resumes: finished steps are read back, an interrupted training continues from its last
 checkpoint.
@@ -33,15 +33,15 @@ from __future__ import annotations
 import sys
 
 # recruit_trl before TRL: importing it keeps off the console a notice that TRL's own import would print
-from recruit_trl.training.parsing import RecipeParser, parse_or_exit
+from recruit_trl.workflow.parsing import RecipeParser, parse_or_exit
 
 # isort: split
 from trl import ModelConfig, SFTConfig
 
-from recruit_trl.training.arguments import SFTScriptArguments, WarmStartArguments, check_sft_arguments
-from recruit_trl.training.defaults import recipe_defaults
-from recruit_trl.training.model_setup import setup_run
-from recruit_trl.training.warm_start import benchmark_sft, train_sft
+from recruit_trl.workflow.arguments import SFTScriptArguments, WarmStartArguments, check_sft_arguments
+from recruit_trl.workflow.defaults import recipe_defaults
+from recruit_trl.workflow.model_setup import setup_run
+from recruit_trl.workflow.warm_start import benchmark_sft, train_sft
 
 
 def main(

@@ -23,12 +23,12 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from recruit_trl import __version__
-from recruit_trl.evaluation.evaluate import BACKENDS, EvalConfig, evaluate
-from recruit_trl.evaluation.report import format_results, plot_results
 from recruit_trl.files import write_json_atomic
-from recruit_trl.learning_check import LearningCheckError, make_plan, run_learning_check
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
+from recruit_trl.tools.learning_check import LearningCheckError, make_plan, run_learning_check
+from recruit_trl.workflow.evaluation.evaluate import BACKENDS, EvalConfig, evaluate
+from recruit_trl.workflow.evaluation.report import format_results, plot_results
 
 # --------------------------------------------------------------------------------------------------
 # flag spellings
@@ -213,7 +213,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print("recruit-trl eval: error: --profile times this process only: use --workers 1", file=sys.stderr)
         return 2
     if args.profile:
-        from recruit_trl.profiling import profile_evaluation, share_table  # torch
+        from recruit_trl.tools.profiling import profile_evaluation, share_table  # torch
 
         start = time.perf_counter()
         with profile_evaluation(get_env_interface(args.env)) as profile:
@@ -286,8 +286,8 @@ def _add_benchmark(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
-    from recruit_trl.decisions.benchmark import format_result, run_benchmark
-    from recruit_trl.decisions.teacher_sets import SetConfig
+    from recruit_trl.workflow.decisions.benchmark import format_result, run_benchmark
+    from recruit_trl.workflow.decisions.teacher_sets import SetConfig
 
     config = SetConfig(
         env=args.env,

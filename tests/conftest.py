@@ -24,7 +24,7 @@ def world_facts() -> dict:
 
 def small_model(tmp_path_factory, name: str, rows: list[dict], **sizes) -> str:
     """A one-layer tiny model trained on ``rows`` in a fresh session folder ``name``: what the fixtures below share."""
-    from recruit_trl.models.tiny_model import build_tiny_model
+    from recruit_trl.workflow.tiny_model import build_tiny_model
 
     folder = tmp_path_factory.mktemp(name) / "model"
     return str(build_tiny_model(folder, rows, num_layers=1, num_heads=2, num_kv_heads=1, progress=False, **sizes))

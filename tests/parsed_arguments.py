@@ -55,8 +55,10 @@ def plain(value):
 
 def parsed(recipe: str, argv: list[str]) -> dict:
     """The values of every dataclass that ``parse_args(argv)`` of ``recipes/<recipe>.py`` (or of
-    ``recruit_trl/bench_rollout.py``) returns, by field name."""
-    module = importlib.import_module(f"recruit_trl.{recipe}") if recipe == "bench_rollout" else load_recipe(recipe)
+    ``recruit_trl/tools/bench_rollout.py``) returns, by field name."""
+    module = (
+        importlib.import_module(f"recruit_trl.tools.{recipe}") if recipe == "bench_rollout" else load_recipe(recipe)
+    )
     values = {}
     for args in module.parse_args(list(argv)):
         values.update({f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.name not in VOLATILE})

@@ -21,10 +21,10 @@ def load_recipe(name: str) -> ModuleType:
 
 
 def resolutions(monkeypatch) -> list[str]:
-    """The names of the models resolved from now on: every call of ``recruit_trl.training.model_setup.resolve_model``,
+    """The names of the models resolved from now on: every call of ``recruit_trl.workflow.model_setup.resolve_model``,
     the one resolver every recipe resolves its model through (the tiny model's fingerprint plays an episode per task
     each time)."""
-    import recruit_trl.training.model_setup as model_setup
+    import recruit_trl.workflow.model_setup as model_setup
 
     resolved, resolve = [], model_setup.resolve_model
 

@@ -54,8 +54,8 @@ def test_parse_int_ranges():
 
 
 def test_model_anchors_are_recorded_pinned_and_kept_on_disk(warm_model, tmp_path):
-    from recruit_trl.evaluation.evaluate import record_anchors
     from recruit_trl.rollout.anchors import MODEL_PREFIX, load_states, save_states
+    from recruit_trl.workflow.evaluation.evaluate import record_anchors
 
     task = "hard_bench_stage_30"
     states = record_anchors(INTERFACE, warm_model, [task], [0, 1], [0, 10, 40], temperature=1.0)
@@ -86,8 +86,8 @@ def test_model_anchors_are_recorded_pinned_and_kept_on_disk(warm_model, tmp_path
 
 def test_recorded_anchor_states_are_stored_as_data_and_replayed_exactly(warm_model, tmp_path):
     """The file holds each episode's recorded actions as JSON; loading replays them into the very same states."""
-    from recruit_trl.evaluation.evaluate import record_anchors
     from recruit_trl.rollout.anchors import load_states, save_states
+    from recruit_trl.workflow.evaluation.evaluate import record_anchors
 
     task, meta = "hard_bench_stage_30", {"model": warm_model, "temperature": 1.0}
     states = record_anchors(INTERFACE, warm_model, [task], [0, 1], [0, 10, 20], temperature=1.0, progress=False)

@@ -14,9 +14,9 @@ from env.conquest.agent import AGENT_FIELDS, CONQUEST, REWARD_FIELDS, ConquestAg
 from recruit_trl.cli import main
 from recruit_trl.contracts import build_messages, digest, parse_action
 from recruit_trl.models.generation import encode_prompt
-from recruit_trl.models.tokenizer import build_tokenizer, tokenizer_texts
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.traces import collect_traces
+from recruit_trl.workflow.tokenizer import build_tokenizer, tokenizer_texts
 
 POLICIES = ("random", "safe", "aggressive", "balanced", "teacher")
 PROMPT_BUDGET = 700  # tokens: system + board + candidates (docs/conquest.md reports the measured maximum)
@@ -165,7 +165,7 @@ def test_remote_env_observes_like_the_local_one():
 
 
 def conquest_tokenizer():
-    """The tiny model's tokenizer (``recruit_trl.models.tiny_model``: a byte-level BPE of 2048 entries) trained on
+    """The tiny model's tokenizer (``recruit_trl.workflow.tiny_model``: a byte-level BPE of 2048 entries) trained on
     teacher traces of every task, as a conquest warm-up corpus would train it."""
     rows = collect_traces(CONQUEST, list(CONQUEST.tasks()), [0], teacher="teacher", epsilon=0.3, max_days=150)
     return build_tokenizer(tokenizer_texts(rows), vocab_size=2048)

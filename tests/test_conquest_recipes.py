@@ -29,8 +29,8 @@ COLUMNS = ("rows", "strict_json", "valid", "teacher_match", "invalid")
 def conquest_model(tmp_path_factory) -> str:
     """A small tiny model warmed on conquest texts (a few steps: it need not answer well, only in the game's
     vocabulary)."""
-    from recruit_trl.models.tiny_model import build_tiny_model
     from recruit_trl.traces import collect_traces
+    from recruit_trl.workflow.tiny_model import build_tiny_model
 
     rows = collect_traces(CONQUEST, ["duel"], range(2), epsilon=0.5, relabel=False)
     model = build_tiny_model(

@@ -13,7 +13,7 @@ import torch
 from recipe_files import load_recipe
 from trl import GRPOTrainer
 
-import recruit_trl.pipeline as pipeline
+import recruit_trl.workflow.pipeline as pipeline
 from recruit_trl.rollout.config import MODE_FLAGS, RolloutConfig
 from recruit_trl.training.trainer import REINFORCE_SETTINGS, RecruitGRPOTrainer, RecruitReinforceTrainer
 

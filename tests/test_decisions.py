@@ -11,14 +11,14 @@ import pytest
 
 import env.clinical.agent  # noqa: F401
 from recruit_trl.contracts import build_messages, parse_action
-from recruit_trl.decisions.answers import answer_actions, model_answers
-from recruit_trl.decisions.decision_set import decision_set, sample_decisions
-from recruit_trl.decisions.report import evaluate_decisions, format_decision_report
-from recruit_trl.decisions.table import benchmark_table
-from recruit_trl.decisions.values import state_values
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.continuation import day_seed, group_seed
 from recruit_trl.traces import same_action
+from recruit_trl.workflow.decisions.answers import answer_actions, model_answers
+from recruit_trl.workflow.decisions.decision_set import decision_set, sample_decisions
+from recruit_trl.workflow.decisions.report import evaluate_decisions, format_decision_report
+from recruit_trl.workflow.decisions.table import benchmark_table
+from recruit_trl.workflow.decisions.values import state_values
 
 INTERFACE = get_env_interface("env.clinical.agent:CLINICAL")
 TASKS = ["easy_bench", "hard_bench_stage_30"]

@@ -15,7 +15,6 @@ from toy_env import ToyInterface
 from trl import GRPOTrainer
 
 import recruit_trl.rollout.rollout_funcs as rollout_mod
-from recruit_trl.models.tokenizer import build_tokenizer
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.advantages import (
     AdvantageWeights,
@@ -30,6 +29,7 @@ from recruit_trl.rollout.rollout_funcs import BranchRollout, EpisodeRollout, mak
 from recruit_trl.rollout.tool_env import environment_factory
 from recruit_trl.traces import collect_traces
 from recruit_trl.training.trainer import RecruitGRPOTrainer
+from recruit_trl.workflow.tokenizer import build_tokenizer
 from rewards import get_reward_funcs, weighted_rewards
 
 CONQUEST = get_env_interface("conquest")
@@ -256,9 +256,9 @@ def test_smollm2_with_lora_trains_one_episode_mode_step(tmp_path):
 
 
 def test_the_training_loop_benchmark_trains_episode_mode_on_its_rows_advantages(warm_model, tmp_path, monkeypatch):
-    """``python -m recruit_trl.bench_rollout --mode episode`` builds the pipeline's episode trainer (the rows' own
-    advantages) on enough anchor rows for a generation batch, as the recipe does."""
-    from recruit_trl import bench_rollout
+    """``python -m recruit_trl.tools.bench_rollout --mode episode`` builds the pipeline's episode trainer (the rows'
+    own advantages) on enough anchor rows for a generation batch, as the recipe does."""
+    from recruit_trl.tools import bench_rollout
 
     monkeypatch.setattr(GRPOTrainer, "train", lambda self, *a, **k: None)  # the trainer as built, not trained
     _, script_args, training_args, model_args = bench_rollout.parse_args([

@@ -10,8 +10,8 @@ import pytest
 
 import env.clinical.agent
 from recruit_trl.cli import main as cli
-from recruit_trl.evaluation.evaluate import EvalConfig, evaluate
-from recruit_trl.evaluation.report import format_results, plot_results
+from recruit_trl.workflow.evaluation.evaluate import EvalConfig, evaluate
+from recruit_trl.workflow.evaluation.report import format_results, plot_results
 
 TASK = "hard_bench_stage_30"
 RESULT_KEYS = {
@@ -48,8 +48,8 @@ def test_env_policies_and_teacher_match():
 
 def test_enrolment_over_the_days_follows_each_episode():
     from env.clinical import ClinicalRecruitmentEnv
-    from recruit_trl.evaluation.evaluate import Evaluator
-    from recruit_trl.evaluation.metrics import aggregate
+    from recruit_trl.workflow.evaluation.evaluate import Evaluator
+    from recruit_trl.workflow.evaluation.metrics import aggregate
 
     config = EvalConfig(env="clinical", tasks=("easy_bench",), seeds=(0, 1))
     logs = Evaluator(config).run_policy("safe")
@@ -188,7 +188,7 @@ def test_evaluation_against_a_server_matches_in_process():
 
 
 def test_report_plots_enrolment_and_summarises_it(tmp_path):
-    from recruit_trl.evaluation.report import summary, write_report
+    from recruit_trl.workflow.evaluation.report import summary, write_report
 
     report = evaluate(
         ["safe", "random"], EvalConfig(env="clinical", tasks=(TASK, "easy_bench"), seeds=(0, 1)), progress=False
@@ -244,7 +244,7 @@ def test_the_evaluation_cache_holds_what_was_evaluated(tmp_path):
     """A cache file evaluated for one policy (or other settings that change the figures) is not reused for another."""
     from dataclasses import replace
 
-    from recruit_trl.evaluation.cache import cache_key, evaluate_cached
+    from recruit_trl.workflow.evaluation.cache import cache_key, evaluate_cached
 
     config, cache = EvalConfig(env="clinical", tasks=(TASK,), seeds=(0,)), tmp_path / "eval.json"
 
@@ -275,7 +275,7 @@ def test_the_evaluation_cache_follows_the_weights_in_a_model_folder(tiny_model, 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from recruit_trl.evaluation.cache import evaluate_cached
+    from recruit_trl.workflow.evaluation.cache import evaluate_cached
 
     folder = Path(shutil.copytree(tiny_model, tmp_path / "model"))
     config, cache = (
@@ -298,7 +298,7 @@ def test_episodes_played_by_worker_processes_are_the_same_episodes(tiny_model):
 
 
 def test_paired_differences_compare_episodes_on_the_same_seeds_by_hand():
-    from recruit_trl.evaluation.report import paired_differences
+    from recruit_trl.workflow.evaluation.report import paired_differences
 
     rows = [
         {"policy": "sft", "task": "duel", "per_episode": {"seed": [1, 2, 3], "final_score": [0.1, 0.5, 1.0],

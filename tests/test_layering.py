@@ -123,17 +123,20 @@ def test_every_environment_has_the_fallback_agent_as_a_policy():
 
 
 # recruit_trl's rooms, bottom to top: a module imports only from its own room or a lower one. The foundation is the
-# top-level modules every room uses.
+# top-level modules every room uses. The plugin's core is the foundation, models, rollout and training; the main job's
+# workflow and the developer tools sit above it.
 FOUNDATION = {"protocol", "contracts", "traces", "files", "versions", "ranges"}
+CORE = ("foundation", "models", "rollout", "training")
 ROOM_LEVELS = {
     "foundation": 0,
     "models": 1,
     "rollout": 2,
-    "evaluation": 3, "decisions": 3,
-    "training": 4,
-    "profiling": 4,
-    "pipeline": 5, "bench_rollout": 5, "learning_check": 5, "cli": 6, "__main__": 7,
+    "training": 3,
+    "workflow": 4,
+    "tools": 5,
+    "cli": 6, "__main__": 7,
 }  # fmt: skip
+CORE_LINES = 5_500  # the core stays small enough to read in one sitting
 
 
 def module_imports() -> dict[str, set[str]]:
@@ -299,3 +302,18 @@ def test_a_function_local_import_defers_a_heavy_library():
                         needless.append(f"{path.relative_to(ROOT)}:{node.lineno}: from {node.module} import ...")
     assert heavy, "the walk saw no module"
     assert not needless, "function-local imports to move to the top of their module:\n" + "\n".join(needless)
+
+
+def test_the_core_imports_nothing_from_the_workflow_or_the_tools_and_stays_small():
+    graph = module_imports()
+    core = [m for m in graph if m != "recruit_trl" and room(m) in CORE]
+    assert {"recruit_trl.training.trainer", "recruit_trl.rollout.rollout_funcs", "recruit_trl.protocol"} <= set(core)
+    above = sorted(f"{m} -> {i}" for m in core for i in graph[m] if room(i) not in CORE)
+    assert not above, f"the core imports the workflow or the tools: {above}"
+    lines = sum(
+        len((ROOT / Path(*m.split("."))).with_suffix(".py").read_text().splitlines())
+        if (ROOT / Path(*m.split("."))).with_suffix(".py").is_file()
+        else len((ROOT / Path(*m.split(".")) / "__init__.py").read_text().splitlines())
+        for m in core
+    )
+    assert lines <= CORE_LINES, f"the core has {lines} lines"

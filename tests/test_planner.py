@@ -1,6 +1,6 @@
-"""The planner policy (``planner:model:PATH``, recruit_trl.evaluation.planner): it scores proposals from a snapshot
-with common random numbers, never moves the live environment, plays legal actions, and with one candidate plays the
-model's own sampled episode."""
+"""The planner policy (``planner:model:PATH``, recruit_trl.workflow.evaluation.planner): it scores proposals from a
+snapshot with common random numbers, never moves the live environment, plays legal actions, and with one candidate
+plays the model's own sampled episode."""
 
 from __future__ import annotations
 
@@ -10,10 +10,15 @@ import random
 import pytest
 
 from recruit_trl.cli import main as cli
-from recruit_trl.evaluation.cache import cache_key
-from recruit_trl.evaluation.evaluate import EvalConfig, evaluate
-from recruit_trl.evaluation.planner import CandidateScorer, PlannerSettings, default_continuation, planned_model
 from recruit_trl.protocol import get_env_interface
+from recruit_trl.workflow.evaluation.cache import cache_key
+from recruit_trl.workflow.evaluation.evaluate import EvalConfig, evaluate
+from recruit_trl.workflow.evaluation.planner import (
+    CandidateScorer,
+    PlannerSettings,
+    default_continuation,
+    planned_model,
+)
 from tests.toy_env import TOY
 
 TASK = "hard_bench_stage_30"  # 30 decisions: a whole clinical episode in a second

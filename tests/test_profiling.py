@@ -1,5 +1,5 @@
-"""Where the seconds go (recruit_trl.profiling): exclusive shares by hand with a scripted clock, the model's passes
-told apart (prefill, decoding, the trainer's forward), and the evaluation's profile through the command line."""
+"""Where the seconds go (recruit_trl.tools.profiling): exclusive shares by hand with a scripted clock, the model's
+passes told apart (prefill, decoding, the trainer's forward), and the evaluation's profile through the command line."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import types
 import pytest
 import torch
 
-from recruit_trl import profiling
 from recruit_trl.cli import main as cli
-from recruit_trl.profiling import SHARES, Profile, share_table
+from recruit_trl.tools import profiling
+from recruit_trl.tools.profiling import SHARES, Profile, share_table
 from tests.test_evaluate import TASK
 
 

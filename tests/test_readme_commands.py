@@ -213,7 +213,7 @@ def test_serve_command_listens(server_url):
 
 
 def test_bench_rollout_commands(warm_model, tmp_path):
-    commands = commands_matching("python -m recruit_trl.bench_rollout")
+    commands = commands_matching("python -m recruit_trl.tools.bench_rollout")
     assert commands
     for command in commands:
         argv = [*shlex.split(command), "--steps", "2", "--model_name_or_path", warm_model, *TINY]
@@ -224,7 +224,7 @@ def test_bench_rollout_commands(warm_model, tmp_path):
 
 
 def test_bench_rollout_rates_are_per_second_of_a_step_by_hand():
-    from recruit_trl.bench_rollout import summarize
+    from recruit_trl.tools.bench_rollout import summarize
 
     history = [
         {"step_time": 9.0, "rollout/decisions": 90.0, "rollout/decisions_trained": 9.0},  # warm-up: left out

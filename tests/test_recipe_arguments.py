@@ -12,7 +12,7 @@ import pytest
 import torch
 from recipe_files import load_recipe
 
-from recruit_trl.training.parsing import parse_or_exit
+from recruit_trl.workflow.parsing import parse_or_exit
 
 ROOT = Path(__file__).parents[1]
 TWO_REWARDS = ["--reward_weights", "1", "1", "--reward_funcs", "final_score_reward"]  # and one more

@@ -21,9 +21,9 @@ from transformers import AutoModelForCausalLM
 
 import env.clinical.agent  # noqa: F401
 from recruit_trl.models.build_cache import METADATA_FILE
-from recruit_trl.training.model_setup import RunSetup
-from recruit_trl.training.sft_data import best_round
 from recruit_trl.training.trainer import RecruitGRPOTrainer
+from recruit_trl.workflow.model_setup import RunSetup
+from recruit_trl.workflow.sft_data import best_round
 
 ROOT = Path(__file__).parents[1]
 SMALL = [
@@ -159,8 +159,8 @@ def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
     """``--sft_token_metrics false`` trains on the same loss as TRL's path, only without its per-token metrics."""
     from trl import SFTConfig
 
-    from recruit_trl.training.sft_data import build_sft_datasets
-    from recruit_trl.training.warm_start import WarmStartSFTTrainer
+    from recruit_trl.workflow.sft_data import build_sft_datasets
+    from recruit_trl.workflow.warm_start import WarmStartSFTTrainer
 
     recipe = load_recipe("sft_clinical")
     interface = env.clinical.agent.CLINICAL
@@ -183,7 +183,7 @@ def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
 
 
 def test_length_bucket_sampler_makes_whole_batches_of_similar_lengths():
-    from recruit_trl.training.warm_start import LengthBucketSampler
+    from recruit_trl.workflow.warm_start import LengthBucketSampler
 
     lengths = [(i * 37) % 300 + 250 for i in range(1000)]  # 250..549, scrambled
     sampler = LengthBucketSampler(lengths, batch_size=16, seed=0)
@@ -493,9 +493,9 @@ def test_decision_report_is_cached_for_the_weights_and_environment_it_measured(t
     further (or another model) into the same folder measures again."""
     from types import SimpleNamespace
 
-    import recruit_trl.decisions.decision_set as decisions
-    import recruit_trl.decisions.report as decision_eval
-    from recruit_trl.training.run_report import decision_report
+    import recruit_trl.workflow.decisions.decision_set as decisions
+    import recruit_trl.workflow.decisions.report as decision_eval
+    from recruit_trl.workflow.run_report import decision_report
 
     recipe = load_recipe("grpo_clinical")
     base, out = tmp_path / "base", tmp_path / "run"

@@ -26,13 +26,13 @@ from trl.trainer.utils import shutdown_event_loop_in_daemon, start_event_loop_in
 
 import recruit_trl.rollout.rollout_funcs as rollout_mod
 import rewards
-from recruit_trl.models.tokenizer import build_tokenizer
 from recruit_trl.rollout.anchors import Anchor, anchor_dataset
 from recruit_trl.rollout.config import ROW_FIELDS, RolloutConfig
 from recruit_trl.rollout.rollout_funcs import BranchRollout, EpisodeRollout
 from recruit_trl.rollout.tool_env import environment_dataset, environment_factory, reward_part_funcs
 from recruit_trl.traces import collect_traces
 from recruit_trl.training.trainer import RecruitGRPOTrainer
+from recruit_trl.workflow.tokenizer import build_tokenizer
 from rewards import call_reward_funcs, get_reward_funcs, hypothesis_reward, unscorable_as_zero
 
 TOY = "tests.toy_env:TOY"

@@ -15,12 +15,12 @@ from trl import TrlParser
 import recruit_trl.rollout.rollout_funcs as rollout_mod
 from env.clinical import ACTION_TYPES
 from recruit_trl.models.generation import LEGAL_FIELD
-from recruit_trl.models.tokenizer import build_tokenizer
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.anchors import Anchor
 from recruit_trl.rollout.config import RolloutConfig
 from recruit_trl.rollout.rollout_funcs import BranchRollout, EpisodeRollout, make_rollout
 from recruit_trl.traces import collect_traces
+from recruit_trl.workflow.tokenizer import build_tokenizer
 from rewards import DEFAULT_REWARD_WEIGHTS, DEFAULT_REWARDS, get_reward_funcs, weighted_rewards
 
 INTERFACE = get_env_interface("clinical")
@@ -371,7 +371,7 @@ def test_teacher_match_compares_each_row_with_the_teacher_in_the_same_state(toke
 
 
 def test_teacher_match_reward_needs_a_teacher():
-    from recruit_trl.training.arguments import ScriptArguments
+    from recruit_trl.workflow.arguments import ScriptArguments
 
     with pytest.raises(ValueError, match="--reward_teacher"):
         ScriptArguments(env_name="clinical", reward_funcs=["final_score_reward", "teacher_match_reward"])
@@ -388,7 +388,7 @@ def test_model_dependent_choices_are_booleans(flag, capsys):
     """``--sft_full_finetune`` and the like: false unless set (the tiny model's true comes from the recipes'
     defaults, tests/test_parsed_arguments.py), true or false; anything else stops the parser with a message naming
     the flag."""
-    from recruit_trl.training.arguments import ScriptArguments
+    from recruit_trl.workflow.arguments import ScriptArguments
 
     parse = TrlParser((ScriptArguments,)).parse_args_and_config
     assert getattr(parse(["--env", "clinical"])[0], flag) is False

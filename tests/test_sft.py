@@ -10,7 +10,7 @@ from recipe_files import load_recipe
 
 import env.clinical.agent  # noqa: F401
 from recruit_trl.protocol import get_env_interface
-from recruit_trl.training.sft_data import balance_action_types, best_round, build_sft_datasets
+from recruit_trl.workflow.sft_data import balance_action_types, best_round, build_sft_datasets
 
 INTERFACE = get_env_interface("clinical")
 
@@ -94,7 +94,7 @@ def test_best_round_keeps_the_best_mean_over_tasks_and_the_latest_on_ties():
 def test_heldout_report_breaks_the_teacher_match_down_by_task_and_action_type(warm_model):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from recruit_trl.training.sft_data import heldout_report
+    from recruit_trl.workflow.sft_data import heldout_report
 
     _, heldout, _ = build_sft_datasets(
         INTERFACE, ["easy_bench_stage_30", "hard_bench_stage_30"], [1], [3], teacher="safe", max_type_fraction=1.0
@@ -116,7 +116,7 @@ def test_the_warm_start_settings_are_one_dataclass_that_every_recipe_parses():
     checked at start-up, under either recipe."""
     from dataclasses import fields
 
-    from recruit_trl.training.arguments import ScriptArguments, SFTScriptArguments, WarmStartArguments
+    from recruit_trl.workflow.arguments import ScriptArguments, SFTScriptArguments, WarmStartArguments
 
     warm = {f.name for f in fields(WarmStartArguments)}
     for own in (ScriptArguments, SFTScriptArguments):

@@ -13,13 +13,13 @@ import pytest
 from recipe_files import load_recipe
 from toy_env import ToyInterface
 
-from recruit_trl.decisions.teacher_sets import SPLITS
 from recruit_trl.protocol import register_env
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.rollout.config import PromptConfig
-from recruit_trl.training.model_setup import RunSetup
-from recruit_trl.training.sft_data import build_sft_datasets, kept_rows_warning, teacher_set_datasets
-from recruit_trl.training.warm_start import data_summary, set_config, sft_datasets
+from recruit_trl.workflow.decisions.teacher_sets import SPLITS
+from recruit_trl.workflow.model_setup import RunSetup
+from recruit_trl.workflow.sft_data import build_sft_datasets, kept_rows_warning, teacher_set_datasets
+from recruit_trl.workflow.warm_start import data_summary, set_config, sft_datasets
 
 
 class OneWayWalk(ToyInterface):

@@ -9,11 +9,17 @@ import pytest
 
 from recruit_trl.cli import main
 from recruit_trl.contracts import build_messages
-from recruit_trl.decisions.answers import action_answer
-from recruit_trl.decisions.benchmark import format_result, run_benchmark
-from recruit_trl.decisions.table import benchmark_table
-from recruit_trl.decisions.teacher_sets import SetConfig, set_decisions, stratified_sample, teacher_game, teacher_sets
 from recruit_trl.protocol import get_env_interface
+from recruit_trl.workflow.decisions.answers import action_answer
+from recruit_trl.workflow.decisions.benchmark import format_result, run_benchmark
+from recruit_trl.workflow.decisions.table import benchmark_table
+from recruit_trl.workflow.decisions.teacher_sets import (
+    SetConfig,
+    set_decisions,
+    stratified_sample,
+    teacher_game,
+    teacher_sets,
+)
 
 CONQUEST = get_env_interface("conquest")
 CONFIG = SetConfig(

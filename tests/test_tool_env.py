@@ -235,8 +235,8 @@ def test_any_environment_by_module_attribute_and_the_dataset_rows():
 @pytest.fixture(scope="module")
 def conquest_model(tmp_path_factory) -> str:
     """A small tiny model warmed on conquest duel texts: it answers the index contract most of the time."""
-    from recruit_trl.models.tiny_model import build_tiny_model
     from recruit_trl.traces import collect_traces
+    from recruit_trl.workflow.tiny_model import build_tiny_model
 
     rows = collect_traces(get_env_interface("conquest"), ["duel"], range(2), epsilon=0.5, relabel=False)
     model = build_tiny_model(
@@ -295,7 +295,7 @@ def test_a_template_with_tool_calls_is_kept_and_other_templates_are_refused():
 
     from trl.chat_template_utils import qwen2_5_chat_template
 
-    from recruit_trl.models.tokenizer import build_tokenizer
+    from recruit_trl.workflow.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer(["hello world"], vocab_size=300)
     tokenizer.chat_template = qwen2_5_chat_template

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 import recruit_trl.rollout.rollout_funcs as rollout_mod
-from recruit_trl.evaluation.evaluate import EvalConfig, evaluate
-from recruit_trl.evaluation.report import format_results, summary, write_report
-from recruit_trl.models.tokenizer import build_tokenizer
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.anchors import Anchor
 from recruit_trl.rollout.config import RolloutConfig
 from recruit_trl.rollout.rollout_funcs import make_rollout
 from recruit_trl.traces import collect_traces
+from recruit_trl.workflow.evaluation.evaluate import EvalConfig, evaluate
+from recruit_trl.workflow.evaluation.report import format_results, summary, write_report
+from recruit_trl.workflow.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).parents[1]
 ENV = "tests.toy_env:TOY"

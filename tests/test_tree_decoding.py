@@ -106,7 +106,7 @@ def test_a_branch_is_drawn_from_what_transformers_warpers_leave():
 def test_the_benchmark_compares_the_current_paths_with_the_baselines_and_profiles_both(
     warm_model, tmp_path, monkeypatch
 ):
-    from recruit_trl import bench_rollout
+    from recruit_trl.tools import bench_rollout
     from recruit_trl.training.packed_groups import PackedGroups
 
     flags = [

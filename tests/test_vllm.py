@@ -167,8 +167,8 @@ def test_evaluation_on_vllm_plays_the_episodes_transformers_plays(env, warm_mode
     engine serves the three runs and leaves no process behind once shut down."""
     import psutil
 
-    from recruit_trl.evaluation.evaluate import EvalConfig, Evaluator
     from recruit_trl.models import vllm_engine
+    from recruit_trl.workflow.evaluation.evaluate import EvalConfig, Evaluator
 
     tasks = ("easy_bench", "hard_bench") if env == "clinical" else ("duel",)
     config = EvalConfig(env=env, tasks=tasks, seeds=(0, 1), constrained=True)

@@ -9,7 +9,7 @@ Run from the repository root; every other flag goes to the recipe. The result is
 import runpy
 import sys
 
-import recruit_trl.training.model_setup as model_setup
+import recruit_trl.workflow.model_setup as model_setup
 
 SIZE = {"hidden_size": 256, "num_layers": 4, "num_heads": 8, "num_kv_heads": 2, "intermediate_size": 768}
 model_folder = model_setup.model_folder

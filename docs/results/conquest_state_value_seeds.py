@@ -8,10 +8,10 @@ usage (from the repository root):
 
 import sys
 
-from recruit_trl.decisions.decision_set import decision_set, sample_decisions
-from recruit_trl.decisions.report import evaluate_decisions
 from recruit_trl.files import write_json_atomic
 from recruit_trl.protocol import get_env_interface
+from recruit_trl.workflow.decisions.decision_set import decision_set, sample_decisions
+from recruit_trl.workflow.decisions.report import evaluate_decisions
 
 conquest = get_env_interface("conquest")
 seeds, days = list(range(500, 508)), list(range(0, 201, 20))

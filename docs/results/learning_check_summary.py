@@ -2,7 +2,7 @@
 reported credit minus start.
 
 Reads the rows and the start's rows of each ``learning_check_*.json`` named, recomputes the summary with
-:func:`recruit_trl.learning_check.summarize` (credit minus start, credit minus control, control minus start, by
+:func:`recruit_trl.tools.learning_check.summarize` (credit minus start, credit minus control, control minus start, by
 training seed, each with its SE and t on n-1 degrees of freedom), for every task, the mean over tasks and, where the
 check ran clinical's medium and hard tasks, their mean; prints a line per decoding and task, and with ``--json`` writes
 them all.
@@ -16,7 +16,7 @@ import argparse
 from pathlib import Path
 
 from recruit_trl.files import read_json, write_json_atomic
-from recruit_trl.learning_check import summarize
+from recruit_trl.tools.learning_check import summarize
 
 PAIR = ["medium_bench", "hard_bench"]  # clinical's tasks where the credit has room to learn
 

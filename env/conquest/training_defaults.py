@@ -26,7 +26,7 @@ COMMON: dict[str, Any] = {
 SFT: dict[str, Any] = {"num_train_epochs": 1}
 
 # The SFT recipe trains every weight of the tiny model built here (its LoRA lacks the capacity to imitate the
-# teacher), as the RL recipes' warm start does (recruit_trl.training.defaults.TINY_DEFAULTS); a quantised model
+# teacher), as the RL recipes' warm start does (recruit_trl.workflow.defaults.TINY_DEFAULTS); a quantised model
 # trains an adapter.
 SFT_TINY: dict[str, Any] = {"use_peft": False}
 

@@ -1,1 +1,2 @@
-"""Models: the tiny model built here, SmolLM2 from its wheel, loading for training and inference, and sampling."""
+"""Models: loading a folder for training or inference (LoRA, 4-bit), sampling with the action contract (constrained
+decoding, shared prefill), and the vLLM engine."""

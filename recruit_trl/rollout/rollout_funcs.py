@@ -299,7 +299,7 @@ class BranchRollout(_RolloutBase):
 
     def outcome(self, anchor: Anchor, state: AnchorState, action: Action, step: int) -> dict[str, Any]:
         """What ``action`` at the anchor leads to, averaged over ``continuation_seeds`` continuations: the GRPO
-        reward's outcome, also used to value actions outside training (:mod:`recruit_trl.decisions.values`).
+        reward's outcome, also used to value actions outside training (:mod:`recruit_trl.workflow.decisions.values`).
 
         Each continuation restores the anchor's snapshot, plays ``action`` (a rejected action plays the fallback) and
         then the continuation policy for the rest of the horizon, re-seeded every simulated day from (anchor, ``step``,

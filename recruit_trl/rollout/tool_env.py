@@ -473,7 +473,7 @@ def trl_prompt(prompt: Any, text: str) -> Any:
 #: contract calls the tool without any training. A call of any other tool is written as
 #: Qwen2.5 writes it (``<tool_call>{"name": ..., "arguments": ...}</tool_call>``) but is not parsed back. No tool
 #: schema is rendered: the system prompt states the one tool's contract. Without tools it renders exactly as the tiny
-#: model's ChatML (``recruit_trl.models.tokenizer.CHAT_TEMPLATE``); assistant turns are in ``{% generation %}``.
+#: model's ChatML (``recruit_trl.workflow.tokenizer.CHAT_TEMPLATE``); assistant turns are in ``{% generation %}``.
 TOOL_CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if message['role'] == 'assistant' %}"

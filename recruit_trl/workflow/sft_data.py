@@ -12,7 +12,7 @@ balanced data cannot win by always predicting the majority action. There is no c
 one environment's action types can discard most rows of another, whose teacher plays one or two types most of the
 time.
 
-The training loop itself (``SFTTrainer``, DAgger rounds, caching) is :mod:`recruit_trl.training.warm_start`.
+The training loop itself (``SFTTrainer``, DAgger rounds, caching) is :mod:`recruit_trl.workflow.warm_start`.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from recruit_trl.contracts import MAX_NEW_TOKENS, parse_index, parse_json_object
-from recruit_trl.evaluation.evaluate import EvalConfig, Evaluator
-from recruit_trl.evaluation.metrics import aggregate
 from recruit_trl.protocol import EnvInterface
 from recruit_trl.traces import TraceStats, collect_traces
+from recruit_trl.workflow.evaluation.evaluate import EvalConfig, Evaluator
+from recruit_trl.workflow.evaluation.metrics import aggregate
 
 
 def balance_action_types(
@@ -165,10 +165,10 @@ def build_sft_datasets(
 def teacher_set_datasets(
     interface: EnvInterface, config: Any, root: str | Path, progress: bool = True
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """The teacher decision sets of ``config`` (a :class:`recruit_trl.decisions.teacher_sets.SetConfig`, built under
-    ``root`` or reused) as SFT data: (train Dataset, held-out Dataset, stats), the ``train`` and ``heldout`` splits as
-    conversational rows with the trace rows' columns (a row's ``day`` is its decision number)."""
-    from recruit_trl.decisions.teacher_sets import teacher_sets
+    """The teacher decision sets of ``config`` (a :class:`recruit_trl.workflow.decisions.teacher_sets.SetConfig`, built
+    under ``root`` or reused) as SFT data: (train Dataset, held-out Dataset, stats), the ``train`` and ``heldout``
+    splits as conversational rows with the trace rows' columns (a row's ``day`` is its decision number)."""
+    from recruit_trl.workflow.decisions.teacher_sets import teacher_sets
 
     sets, metadata = teacher_sets(interface, config, root, progress=progress)
 

@@ -1,8 +1,9 @@
 """The decision-level report of several policies on one decision set: benchmark tables and state values.
 
 :func:`evaluate_decisions` gets every policy's answers (a model's greedy answers, or an environment policy's action
-written as its answer: :mod:`recruit_trl.decisions.answers`), scores them (:mod:`recruit_trl.decisions.table`) and
-values the actions they play (:mod:`recruit_trl.decisions.values`); :func:`format_decision_report` prints the result.
+written as its answer: :mod:`recruit_trl.workflow.decisions.answers`), scores them
+(:mod:`recruit_trl.workflow.decisions.table`) and values the actions they play
+(:mod:`recruit_trl.workflow.decisions.values`); :func:`format_decision_report` prints the result.
 """
 
 from __future__ import annotations
@@ -11,15 +12,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from recruit_trl.decisions.answers import action_answer, answer_actions, model_answers
-from recruit_trl.decisions.decision_set import Decision, action_at_anchor, scoring_rollout
-from recruit_trl.decisions.table import benchmark_table, format_benchmark
-from recruit_trl.decisions.values import format_state_values, state_values
 from recruit_trl.models.loading import load_for_inference
-from recruit_trl.models.smollm2 import load_smollm2
 from recruit_trl.protocol import FALLBACK_POLICY, Action, EnvInterface, get_env_interface
 from recruit_trl.rollout.anchors import MODEL_PREFIX
 from recruit_trl.rollout.config import RolloutConfig
+from recruit_trl.workflow.decisions.answers import action_answer, answer_actions, model_answers
+from recruit_trl.workflow.decisions.decision_set import Decision, action_at_anchor, scoring_rollout
+from recruit_trl.workflow.decisions.table import benchmark_table, format_benchmark
+from recruit_trl.workflow.decisions.values import format_state_values, state_values
+from recruit_trl.workflow.smollm2 import load_smollm2
 
 SAFE = "safe"  # the safe agent: every interface has one, its fallback action
 
@@ -55,8 +56,8 @@ def evaluate_decisions(
         model_loading: how models are loaded (:func:`recruit_trl.models.loading.loading_config`, e.g. 4-bit).
         constrained: also score the models' constrained answers (``teacher_match_constrained``; a second pass).
         state_value: also compute state values (else only the benchmark table).
-        Others: as in :func:`recruit_trl.decisions.values.state_values` and
-            :func:`recruit_trl.decisions.answers.model_answers`.
+        Others: as in :func:`recruit_trl.workflow.decisions.values.state_values` and
+            :func:`recruit_trl.workflow.decisions.answers.model_answers`.
 
     Returns:
         ``{"benchmark": {policy: table}, "state_value": {policy: ...} | None, "seconds": {...}, "config": {...}}``.

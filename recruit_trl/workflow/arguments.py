@@ -1,6 +1,6 @@
 """The recipes' arguments beyond TRL's ``SFTConfig`` / ``GRPOConfig`` and ``ModelConfig``, each setting declared once,
 with one default (environment-neutral: an environment's own and a named model's come from
-:func:`recruit_trl.training.defaults.recipe_defaults`):
+:func:`recruit_trl.workflow.defaults.recipe_defaults`):
 
 - :class:`WarmStartArguments`: the SFT warm start's settings (the teacher, its data, DAgger), which the SFT recipes
   (``recipes/sft_*.py``) and the RL recipes' warm start both parse, beside their own dataclass, under the same flags.
@@ -10,7 +10,7 @@ with one default (environment-neutral: an environment's own and a named model's 
   and the warm start's training budget, and the report.
 
 The arguments are the run's inputs only: what a stage produces (the resolved tasks and model, the warm start's
-adapter) is returned and passed on (:mod:`recruit_trl.training.model_setup`, :mod:`recruit_trl.pipeline`).
+adapter) is returned and passed on (:mod:`recruit_trl.workflow.model_setup`, :mod:`recruit_trl.workflow.pipeline`).
 
 Every value is checked while the recipes parse their arguments, before any model is built, and a mistake is one line
 naming the flag, its value and what the flag takes: each dataclass checks its own values as it is built
@@ -58,10 +58,11 @@ class WarmStartArguments:
         default="traces",
         metadata={"help": "Training rows: 'traces' (the teacher's episodes on --sft_train_seeds with --sft_epsilon "
                   "exploration, capped per action type by --sft_max_type_fraction; held out: the episodes of "
-                  "--sft_heldout_seeds) or 'teacher_sets' (recruit_trl.decisions.teacher_sets: every decision of the "
-                  "teacher's games on --sft_train_seeds, capped per decision phase by --sft_max_type_fraction; held "
-                  "out: the 1,000-row 'heldout' set of --sft_heldout_seeds, beside the 100-row 'fixed' set of "
-                  "--sft_fixed_seeds, the sets `recruit-trl benchmark --data <output_dir>/dataset/sets` scores)."},
+                  "--sft_heldout_seeds) or 'teacher_sets' (recruit_trl.workflow.decisions.teacher_sets: every "
+                  "decision of the teacher's games on --sft_train_seeds, capped per decision phase by "
+                  "--sft_max_type_fraction; held out: the 1,000-row 'heldout' set of --sft_heldout_seeds, beside "
+                  "the 100-row 'fixed' set of --sft_fixed_seeds, the sets `recruit-trl benchmark --data "
+                  "<output_dir>/dataset/sets` scores)."},
     )  # fmt: skip
     sft_train_seeds: str = field(
         default="300-311", metadata={"help": "Reset seeds of the teacher's training episodes."}
@@ -228,7 +229,7 @@ class ScriptArguments(RolloutConfig):
         default=True,
         metadata={"help": "Decision-level report on held-out states: the benchmark table (strict JSON, valid action, "
                   "teacher match, invalid count) and state values (the final score reached from each policy's "
-                  "action) for the models, the teacher and the safe agent (recruit_trl.decisions.report)."},
+                  "action) for the models, the teacher and the safe agent (recruit_trl.workflow.decisions.report)."},
     )  # fmt: skip
     decision_seeds: str = field(
         default="500-507", metadata={"help": "Reset seeds of the decision-level report's states (never trained on)."}
@@ -320,7 +321,7 @@ class ScriptArguments(RolloutConfig):
 
 # ------------------------------------------------------------------------------------------------ checks
 # Each raises a one-line ValueError naming the flag, its value and what the flag takes; the recipes check every value
-# while their arguments are parsed, before any model is built (recruit_trl.training.parsing turns the error into
+# while their arguments are parsed, before any model is built (recruit_trl.workflow.parsing turns the error into
 # argparse's "error:" line).
 
 

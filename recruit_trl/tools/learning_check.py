@@ -12,7 +12,7 @@ both arms from one shared start and compares them on held-out episodes:
    ``--anchor_seeds``, and with a warm start its ``--sft_train_seeds`` and, with DAgger rounds, ``--dagger_seeds``
    (:func:`seen_seeds`).
 2. The start, built once in ``<output_dir>/start`` by a subprocess (:func:`build_start`): the recipe's warm start
-   (``--warm_start auto``: :func:`recruit_trl.training.warm_start.run_warm_start`, trained into ``start/sft``), a
+   (``--warm_start auto``: :func:`recruit_trl.workflow.warm_start.run_warm_start`, trained into ``start/sft``), a
    given ``--sft_adapter``, or the base model itself (``--warm_start none``). Every run then starts from it
    (``--sft_adapter <start> --warm_start none`` after a warm start).
 3. Every training seed in both arms, ``credit`` (``--shuffle_advantages false``) and ``control`` (``true``), each a
@@ -21,7 +21,7 @@ both arms from one shared start and compares them on held-out episodes:
    when it was trained at the same code (below).
 4. Held-out evaluation of the start and every trained model on the same reset seeds, every task of the run, greedy
    and sampled at the training ``--temperature`` / ``--top_p``; each model's evaluation is cached in
-   ``<folder>/eval/learning_check_<decoding>.json`` (:func:`recruit_trl.evaluation.cache.evaluate_cached`).
+   ``<folder>/eval/learning_check_<decoding>.json`` (:func:`recruit_trl.workflow.evaluation.cache.evaluate_cached`).
 5. The summary (:func:`summarize`): per task and for the mean over tasks, each arm's mean +- SE across training
    seeds, and three differences by training seed, each with its mean, SE and t on n-1 degrees of freedom and the
    per-seed values: credit minus the start (what the credit arm learnt, printed beside credit minus control), credit
@@ -66,16 +66,16 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from recruit_trl.evaluation.cache import evaluate_cached
-from recruit_trl.evaluation.evaluate import EvalConfig
 from recruit_trl.files import read_json, save_figure_atomic, write_json_atomic
 from recruit_trl.models.loading import is_trained, loading_config
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
-from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments
-from recruit_trl.training.model_setup import model_init_kwargs, run_tasks, setup_run
-from recruit_trl.training.run_report import eval_backend, rl_finished
 from recruit_trl.versions import code_commit, versions
+from recruit_trl.workflow.arguments import ScriptArguments, WarmStartArguments
+from recruit_trl.workflow.evaluation.cache import evaluate_cached
+from recruit_trl.workflow.evaluation.evaluate import EvalConfig
+from recruit_trl.workflow.model_setup import model_init_kwargs, run_tasks, setup_run
+from recruit_trl.workflow.run_report import eval_backend, rl_finished
 
 # The two arms and the --shuffle_advantages value each runs with.
 ARMS = {"credit": "false", "control": "true"}
@@ -315,7 +315,8 @@ def parse_recipe_flags(recipe: ModuleType, flags: Sequence[str]) -> tuple[Any, A
     """``(script_args, warm, training_args, model_args)`` of the recipe's own ``parse_args(flags)``.
 
     Raises:
-        LearningCheckError: the recipe is not an RL recipe of :func:`recruit_trl.pipeline.run_rl`, or refuses the
+        LearningCheckError: the recipe is not an RL recipe of :func:`recruit_trl.workflow.pipeline.run_rl`, or refuses
+        the
             flags (the parser's own error line).
     """
     name = Path(recipe.__file__).name
@@ -333,7 +334,7 @@ def parse_recipe_flags(recipe: ModuleType, flags: Sequence[str]) -> tuple[Any, A
         raise LearningCheckError(f"{name} refuses the recipe flags: {' '.join(str(exc).split())}") from exc
     shape = [ScriptArguments, WarmStartArguments]
     if not (isinstance(parsed, tuple) and len(parsed) == 4 and all(map(isinstance, parsed, shape))):
-        raise LearningCheckError(f"{name} is not an RL recipe of recruit_trl.pipeline (no ScriptArguments)")
+        raise LearningCheckError(f"{name} is not an RL recipe of recruit_trl.workflow.pipeline (no ScriptArguments)")
     return parsed
 
 
@@ -472,7 +473,7 @@ def refuse_seen_seeds(
 
 def known_start(script_args: Any, model_args: Any) -> str | None:
     """The start when no process has to build it: the ``--sft_adapter``, or with ``--warm_start none`` a model folder
-    or hub id (what :func:`recruit_trl.training.model_setup.resolve_model` returns unchanged); ``None`` otherwise."""
+    or hub id (what :func:`recruit_trl.workflow.model_setup.resolve_model` returns unchanged); ``None`` otherwise."""
     if script_args.sft_adapter:
         return script_args.sft_adapter
     name = model_args.model_name_or_path
@@ -501,7 +502,7 @@ def start_flags(output_dir: Path, warm_start: bool) -> list[str]:
 
 def start_command(plan: Plan) -> list[str]:
     """The process that builds the start (:func:`build_start`)."""
-    return [sys.executable, "-m", "recruit_trl.learning_check", str(plan.recipe), str(plan.start_dir), "--",
+    return [sys.executable, "-m", "recruit_trl.tools.learning_check", str(plan.recipe), str(plan.start_dir), "--",
             *plan.flags]  # fmt: skip
 
 
@@ -515,15 +516,15 @@ def run_command(plan: Plan, arm: str, seed: int) -> list[str]:
 def build_start(recipe: str, start_dir: str, flags: Sequence[str]) -> dict[str, Any]:
     """Build the start every run trains from (run in its own process by the check; see :func:`start_command`).
 
-    The recipe's pipeline up to its warm start (:func:`recruit_trl.pipeline.run_rl` steps 1-3): the environment and
-    tasks, the base model resolved (``tiny`` built and cached), then with ``--warm_start auto`` the warm start
-    trained into ``<start_dir>/sft`` (cached there), else the ``--sft_adapter`` or the base model as it is. Writes
-    ``<start_dir>/start.json`` last and returns it: ``{"start": path, "base_model": path, "warm_start_trained",
+    The recipe's pipeline up to its warm start (:func:`recruit_trl.workflow.pipeline.run_rl` steps 1-3): the
+    environment and tasks, the base model resolved (``tiny`` built and cached), then with ``--warm_start auto`` the
+    warm start trained into ``<start_dir>/sft`` (cached there), else the ``--sft_adapter`` or the base model as it is.
+    Writes ``<start_dir>/start.json`` last and returns it: ``{"start": path, "base_model": path, "warm_start_trained",
     "seed"}``.
     """
     import torch
 
-    from recruit_trl.training.warm_start import run_warm_start
+    from recruit_trl.workflow.warm_start import run_warm_start
 
     module = load_recipe(Path(recipe))
     script_args, warm, training_args, model_args = parse_recipe_flags(
@@ -856,8 +857,8 @@ def short_range(seeds: Sequence[int]) -> str:
     return ",".join(map(str, seeds))
 
 
-if __name__ == "__main__":  # the start's process: python -m recruit_trl.learning_check RECIPE START_DIR -- FLAGS
+if __name__ == "__main__":  # the start's process: python -m recruit_trl.tools.learning_check RECIPE START_DIR -- FLAGS
     recipe_file, folder, separator, *recipe_flags = sys.argv[1:]
     if separator != "--":
-        sys.exit("usage: python -m recruit_trl.learning_check RECIPE START_DIR -- RECIPE_FLAGS")
+        sys.exit("usage: python -m recruit_trl.tools.learning_check RECIPE START_DIR -- RECIPE_FLAGS")
     print(build_start(recipe_file, folder, recipe_flags))

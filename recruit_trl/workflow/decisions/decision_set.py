@@ -8,10 +8,11 @@ the listed candidates, and the teacher's action and answer there; optionally a f
 and the teacher's action types (:func:`sample_decisions`).
 
 The rest of the report works on these rows: the answers of a model or policy
-(:mod:`recruit_trl.decisions.answers`), the benchmark table of the answers (:mod:`recruit_trl.decisions.table`), the
-state values of the actions (:mod:`recruit_trl.decisions.values`), and both for a list of policies
-(:mod:`recruit_trl.decisions.report`). :func:`scoring_rollout` and :func:`action_at_anchor` are the branch rollout and
-the policy's action they all share.
+(:mod:`recruit_trl.workflow.decisions.answers`), the benchmark table of the answers
+(:mod:`recruit_trl.workflow.decisions.table`), the state values of the actions
+(:mod:`recruit_trl.workflow.decisions.values`), and both for a list of policies
+(:mod:`recruit_trl.workflow.decisions.report`). :func:`scoring_rollout` and :func:`action_at_anchor` are the branch
+rollout and the policy's action they all share.
 """
 
 from __future__ import annotations

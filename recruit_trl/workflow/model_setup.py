@@ -7,20 +7,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recruit_trl.models.loading import (
-    from_pretrained_kwargs,
-    is_adapter,
-    load_trainable,
-    loading_config,
-    model_folder,
-)
+from recruit_trl.models.build_cache import main_process_first
+from recruit_trl.models.loading import from_pretrained_kwargs, is_adapter, load_trainable, loading_config
 from recruit_trl.protocol import EnvInterface, get_env_interface
 from recruit_trl.traces import collect_traces
+from recruit_trl.workflow.smollm2 import load_smollm2
+from recruit_trl.workflow.tiny_model import ensure_tiny_model
 
 # Bump when the environment's prompt rendering changes: the cached tiny model was warmed on the old text. The cache
 # key also carries prompt_fingerprint(), which catches changes to the rendering or the candidate lists by itself.
@@ -55,6 +52,35 @@ def prompt_fingerprint(interface: EnvInterface, tasks: Sequence[str], contract: 
     rows = collect_traces(interface, tasks, [0], contract=contract, recent_k=recent_k, relabel=False)
     payload = json.dumps([[row["messages"], row["completion"]] for row in rows], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def model_folder(
+    name_or_path: str = "tiny",
+    corpus_fn: Callable[[], Sequence[dict]] | None = None,
+    cache_dir: str | Path | None = None,
+    **build_kwargs: Any,
+) -> str:
+    """Map a model name to a local folder usable as ``from_pretrained(...)`` / TRL ``model=`` argument (the recipes
+    resolve their model through :func:`recruit_trl.workflow.model_setup.resolve_model`, which gives ``tiny`` its
+    environment's corpus).
+
+    ``"tiny"``: :func:`ensure_tiny_model` with ``corpus_fn`` (required) and ``build_kwargs`` (which may
+    include ``name`` and ``version_key``). ``"smollm2"``: :func:`load_smollm2`. Anything else (a local
+    folder, or a hub id already in the user's Hugging Face cache) is returned unchanged.
+
+    In a distributed job every rank calls it: on a cold cache rank 0 builds the model while the other ranks wait, then
+    they read the same folder (:func:`~recruit_trl.models.build_cache.main_process_first`).
+    """
+    key = name_or_path.strip().lower()
+    if key == "tiny":
+        if corpus_fn is None:
+            raise ValueError('model_folder("tiny") needs corpus_fn: a callable returning the warm-up corpus rows')
+        with main_process_first():
+            return str(ensure_tiny_model(corpus_fn, cache_dir, **build_kwargs))
+    if key == "smollm2":
+        with main_process_first():
+            return str(load_smollm2(cache_dir))
+    return name_or_path
 
 
 def resolve_model(
@@ -105,7 +131,7 @@ def setup_run(script_args: Any, model_name_or_path: str) -> RunSetup:
 
 def full_finetune(choice: bool, model_args: Any) -> bool:
     """Whether a stage fine-tunes every weight: ``choice`` (``--sft_full_finetune`` / ``--rl_full_finetune``, true by
-    default for the tiny model built here: :mod:`recruit_trl.training.defaults`), or ``--use_peft false``. A quantised
+    default for the tiny model built here: :mod:`recruit_trl.workflow.defaults`), or ``--use_peft false``. A quantised
     model (``--load_in_4bit`` / ``--load_in_8bit``) trains an adapter: its frozen integer weights cannot be fine-tuned.
 
     Raises:

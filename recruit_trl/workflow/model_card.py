@@ -50,7 +50,7 @@ def rl_model_card(
         training_args: the trainer's ``GRPOConfig``.
         model_args: the ``ModelConfig`` every stage loaded the model with.
         trainer: the trained trainer (its class, its TRL tags and its steps).
-        setup: what the run resolved (:class:`~recruit_trl.training.model_setup.RunSetup`: the interface, the tasks,
+        setup: what the run resolved (:class:`~recruit_trl.workflow.model_setup.RunSetup`: the interface, the tasks,
             the base model's folder).
         sft_adapter: the warm start RL continued (``<output_dir>/sft`` when the run trained it), ``None`` without one.
     """
@@ -100,10 +100,10 @@ def sft_model_card(prompts: Any, warm: Any, training_args: Any, model_args: Any,
 
     Args:
         prompts: the recipe's environment and prompt settings (a :class:`~recruit_trl.rollout.config.PromptConfig`).
-        warm: the warm start's settings (:class:`~recruit_trl.training.arguments.WarmStartArguments`).
+        warm: the warm start's settings (:class:`~recruit_trl.workflow.arguments.WarmStartArguments`).
         training_args: its ``SFTConfig``.
         model_args: the ``ModelConfig`` it loaded the model with.
-        setup: what the run resolved (:class:`~recruit_trl.training.model_setup.RunSetup`).
+        setup: what the run resolved (:class:`~recruit_trl.workflow.model_setup.RunSetup`).
         report: the held-out report (``heldout_report.json``).
     """
     scores = []
@@ -289,7 +289,7 @@ def rl_scores(report: dict, interface: EnvInterface) -> list[str]:
     """The report's held-out scores as Markdown: the final score (mean ± sd; rate metrics such as a win beside it) of
     every model and baseline per task, this model's difference to its start on the same seeds, and the decision-level
     table when it was measured."""
-    from recruit_trl.decisions.report import format_decision_report
+    from recruit_trl.workflow.decisions.report import format_decision_report
 
     lines = []
     results = report.get("results") or []

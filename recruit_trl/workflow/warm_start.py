@@ -4,9 +4,9 @@ Both recipes run this pipeline: ``recipes/sft_clinical.py`` on its own (:func:`t
 REINFORCE recipes before RL (:func:`run_warm_start`, into ``<output_dir>/sft``). Its steps:
 
 1. Data: teacher traces on the training seeds (balanced by action type within each task) and the held-out seeds
-   (untouched), as conversational prompt/completion rows (:func:`recruit_trl.training.sft_data.build_sft_datasets`), or
+   (untouched), as conversational prompt/completion rows (:func:`recruit_trl.workflow.sft_data.build_sft_datasets`), or
    with ``--sft_data teacher_sets`` the teacher decision sets' ``train`` and ``heldout`` splits
-   (:func:`recruit_trl.training.sft_data.teacher_set_datasets`, the sets kept in ``<output_dir>/dataset/sets``); saved
+   (:func:`recruit_trl.workflow.sft_data.teacher_set_datasets`, the sets kept in ``<output_dir>/dataset/sets``); saved
    to ``<output_dir>/dataset`` and reused on re-runs.
 2. ``SFTTrainer`` trains a LoRA adapter on the completions only (``use_peft`` false: every weight, which suits the
    tiny model, whose LoRA lacks the capacity to condition on the state). For a small vocabulary the loss is the
@@ -40,8 +40,6 @@ import torch
 from transformers import AutoTokenizer, Trainer
 from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
 
-from recruit_trl.decisions.benchmark import format_result, run_benchmark
-from recruit_trl.decisions.teacher_sets import SetConfig
 from recruit_trl.files import read_json, write_json_atomic
 from recruit_trl.models.batching import length_bucketed_batches
 from recruit_trl.models.loading import (
@@ -54,11 +52,13 @@ from recruit_trl.models.loading import (
 )
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.rollout.config import PromptConfig
-from recruit_trl.training.arguments import WarmStartArguments
-from recruit_trl.training.defaults import sft_defaults
-from recruit_trl.training.model_card import sft_model_card, write_model_card
-from recruit_trl.training.model_setup import RunSetup, full_finetune, last_checkpoint, model_init_kwargs
-from recruit_trl.training.sft_data import (
+from recruit_trl.workflow.arguments import WarmStartArguments
+from recruit_trl.workflow.decisions.benchmark import format_result, run_benchmark
+from recruit_trl.workflow.decisions.teacher_sets import SetConfig
+from recruit_trl.workflow.defaults import sft_defaults
+from recruit_trl.workflow.model_card import sft_model_card, write_model_card
+from recruit_trl.workflow.model_setup import RunSetup, full_finetune, last_checkpoint, model_init_kwargs
+from recruit_trl.workflow.sft_data import (
     balance_action_types,
     best_round,
     build_sft_datasets,
@@ -81,7 +81,7 @@ def train_sft(
     report.
 
     ``prompts`` are the run's environment and prompt settings, ``warm`` the warm start's own; ``setup`` holds what the
-    run resolved once (:func:`~recruit_trl.training.model_setup.setup_run`): the environment interface, the tasks and
+    run resolved once (:func:`~recruit_trl.workflow.model_setup.setup_run`): the environment interface, the tasks and
     the base model (``tiny`` built and cached, ``smollm2`` unpacked); ``model_args`` says how the model is loaded and
     whether it trains a LoRA adapter.
     """
@@ -186,7 +186,7 @@ def train_sft(
 def data_summary(stats: dict[str, Any]) -> str:
     """The warm start's line about its data (the stats of :func:`sft_datasets`): the train rows, before balancing, and
     the held-out rows; under it a warning naming ``--sft_max_type_fraction`` when balancing by action type kept less
-    than half of the teacher's rows (:func:`~recruit_trl.training.sft_data.kept_rows_warning`).
+    than half of the teacher's rows (:func:`~recruit_trl.workflow.sft_data.kept_rows_warning`).
 
     The teacher decision sets keep no count of their rows before the cap, so their line gives the cap instead."""
     if stats.get("data") == "teacher_sets":
@@ -217,11 +217,11 @@ def benchmark_sft(
     setup: RunSetup,
     report: dict,
 ) -> dict:
-    """With ``--sft_data teacher_sets``: the benchmark table (:func:`recruit_trl.decisions.benchmark.run_benchmark`) of
-    the base model, the trained one, the safe agent and the teacher on the ``fixed`` and ``heldout`` sets
-    (``--sft_heldout_rows`` of them when set; free decoding, the constrained teacher match beside it), printed, added
-    to ``report`` and written to ``<output_dir>/benchmark.json`` (reused while the weights are the same). Returns
-    ``report``.
+    """With ``--sft_data teacher_sets``: the benchmark table
+    (:func:`recruit_trl.workflow.decisions.benchmark.run_benchmark`) of the base model, the trained one, the safe agent
+    and the teacher on the ``fixed`` and ``heldout`` sets (``--sft_heldout_rows`` of them when set; free decoding, the
+    constrained teacher match beside it), printed, added to ``report`` and written to ``<output_dir>/benchmark.json``
+    (reused while the weights are the same). Returns ``report``.
     """
     if warm.sft_data != "teacher_sets":
         return report
@@ -254,10 +254,10 @@ def benchmark_sets(
     constrained: bool = True,
     base_heldout: bool = True,
 ) -> dict:
-    """The benchmark table (:func:`recruit_trl.decisions.benchmark.run_benchmark`) of ``policies`` on the ``fixed`` and
-    ``heldout`` teacher decision sets of ``config`` kept in ``data_dir/sets`` (``max_rows`` of each when set; free
-    decoding, with ``constrained`` the constrained teacher match beside it; without ``base_heldout`` the ``base``
-    label on the fixed set only, as the anchor's table): the SFT recipe's and the RL report's."""
+    """The benchmark table (:func:`recruit_trl.workflow.decisions.benchmark.run_benchmark`) of ``policies`` on the
+    ``fixed`` and ``heldout`` teacher decision sets of ``config`` kept in ``data_dir/sets`` (``max_rows`` of each when
+    set; free decoding, with ``constrained`` the constrained teacher match beside it; without ``base_heldout`` the
+    ``base`` label on the fixed set only, as the anchor's table): the SFT recipe's and the RL report's."""
     return run_benchmark(
         config, policies, ["fixed", "heldout"], Path(data_dir) / "sets", constrained=constrained, max_rows=max_rows,
         model_loading=model_loading, policy_sets=None if base_heldout else {"base": ["fixed"]},
@@ -286,9 +286,9 @@ def sft_datasets(prompts: PromptConfig, warm: WarmStartArguments, setup: RunSetu
 
 
 def set_config(prompts: PromptConfig, warm: WarmStartArguments, tasks: Sequence[str]) -> SetConfig:
-    """The :class:`recruit_trl.decisions.teacher_sets.SetConfig` of ``--sft_data teacher_sets``: the environment and
-    prompts of ``prompts``, ``tasks``, the teacher and seeds of ``warm``, the benchmark's sizes (a 100-row fixed set, a
-    1,000-row held-out set) and ``--sft_max_type_fraction`` as the largest share of a stratum."""
+    """The :class:`recruit_trl.workflow.decisions.teacher_sets.SetConfig` of ``--sft_data teacher_sets``: the
+    environment and prompts of ``prompts``, ``tasks``, the teacher and seeds of ``warm``, the benchmark's sizes (a
+    100-row fixed set, a 1,000-row held-out set) and ``--sft_max_type_fraction`` as the largest share of a stratum."""
     return SetConfig(
         env=prompts.env_name,
         tasks=tuple(tasks),
@@ -307,7 +307,7 @@ def run_warm_start(
     """The RL recipes' warm start: :func:`train_sft` into ``<output_dir>/sft`` (skipped when already finished
     there); returns that folder.
 
-    ``script_args`` are the RL recipe's (:class:`recruit_trl.training.arguments.ScriptArguments`: the environment and
+    ``script_args`` are the RL recipe's (:class:`recruit_trl.workflow.arguments.ScriptArguments`: the environment and
     prompts, the warm start's training budget), ``warm`` the warm start's settings, ``setup`` what the run resolved
     (the tasks and the base model). The SFT stage gets this run's ``ModelConfig`` (quantisation, dtype, attention,
     LoRA rank / alpha / targets), so the warm start loads and trains the model exactly as RL will; only ``use_peft`` is

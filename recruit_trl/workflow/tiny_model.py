@@ -1,11 +1,11 @@
 """The warm tiny Qwen3: built from scratch on environment text, pre-trained briefly, cached by its build settings.
 
 What is built
-    :func:`build_tiny_model` trains the tokenizer (:func:`recruit_trl.models.tokenizer.build_tokenizer`) on the corpus,
-    builds a randomly initialised ``Qwen3ForCausalLM`` (default: hidden 128, 2 layers, 4 heads / 2 KV heads, tied
-    embeddings) on it and *warms* it with a short full-parameter pre-training on the corpus (rows of
+    :func:`build_tiny_model` trains the tokenizer (:func:`recruit_trl.workflow.tokenizer.build_tokenizer`) on the
+    corpus, builds a randomly initialised ``Qwen3ForCausalLM`` (default: hidden 128, 2 layers, 4 heads / 2 KV heads,
+    tied embeddings) on it and *warms* it with a short full-parameter pre-training on the corpus (rows of
     ``{"messages": [...], "completion": str}``) with transformers' ``Trainer``
-    (:mod:`recruit_trl.models.tiny_pretrain`). The loss is the language-model loss over every token (the model learns
+    (:mod:`recruit_trl.workflow.tiny_pretrain`). The loss is the language-model loss over every token (the model learns
     the prompt format) plus ``completion_weight`` times the mean loss over the completion tokens and the closing
     ``<|im_end|>`` (it learns to answer, and to stop). The result is a normal Hugging Face folder that
     ``AutoModelForCausalLM.from_pretrained(folder)`` and ``AutoTokenizer.from_pretrained(folder)`` load offline.
@@ -36,7 +36,7 @@ from typing import Any
 
 from recruit_trl.files import write_json_atomic
 from recruit_trl.models.build_cache import METADATA_FILE, cache_root, cached_build, run_alone
-from recruit_trl.models.tokenizer import build_tokenizer, render_row, tokenizer_texts
+from recruit_trl.workflow.tokenizer import build_tokenizer, render_row, tokenizer_texts
 
 #: Bump when the build recipe changes in a way that changes the built model: it invalidates cached builds.
 BUILD_VERSION = "1"
@@ -92,7 +92,7 @@ def build_tiny_model(
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-    from recruit_trl.models.tiny_pretrain import pretrain
+    from recruit_trl.workflow.tiny_pretrain import pretrain
 
     t_start = time.perf_counter()
     build_config = {

@@ -11,8 +11,9 @@ allows), ``fixed`` and ``heldout`` (a given number of rows). The sets are saved 
 (:func:`save_teacher_sets`) beside ``metadata.json`` (seeds, counts per stratum, environment, tasks, teacher).
 
 The rows hold no observation: :func:`set_decisions` replays the games (the environments and the teacher are
-deterministic for a seed) to rebuild each row as a :class:`recruit_trl.decisions.decision_set.Decision` and to ask
-other environment policies in the live state; :mod:`recruit_trl.decisions.benchmark` scores policies on the sets.
+deterministic for a seed) to rebuild each row as a :class:`recruit_trl.workflow.decisions.decision_set.Decision` and to
+ask other environment policies in the live state; :mod:`recruit_trl.workflow.decisions.benchmark` scores policies on
+the sets.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from recruit_trl.contracts import build_messages, completion_text, digest
-from recruit_trl.decisions.decision_set import Decision
 from recruit_trl.files import read_json, write_json_atomic
 from recruit_trl.protocol import Action, EnvInterface, Observation, policy_action
 from recruit_trl.rollout.anchors import Anchor, AnchorState
 from recruit_trl.traces import match_candidate
+from recruit_trl.workflow.decisions.decision_set import Decision
 
 SPLITS = ("train", "fixed", "heldout")
 METADATA = "metadata.json"

@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from recruit_trl.evaluation.metrics import curve_names, metric_names, rate_names
 from recruit_trl.files import save_figure_atomic, write_json_atomic
 from recruit_trl.protocol import EnvInterface
+from recruit_trl.workflow.evaluation.metrics import curve_names, metric_names, rate_names
 
 ACTION_PREFIX = "rollout/action_type/"
 CURVE_KEYS = (
@@ -274,9 +274,9 @@ def _save(fig, plt, path: str | Path) -> Path:
 
 
 def plot_decisions(result: dict[str, Any], path: str | Path) -> Path:
-    """The decision-level report (:func:`recruit_trl.decisions.report.evaluate_decisions`) as two panels per policy:
-    strict JSON, valid action and teacher match (the majority answer's share as a line), then the state value ± its
-    standard error (paired differences are in the JSON and the summary)."""
+    """The decision-level report (:func:`recruit_trl.workflow.decisions.report.evaluate_decisions`) as two panels per
+    policy: strict JSON, valid action and teacher match (the majority answer's share as a line), then the state value ±
+    its standard error (paired differences are in the JSON and the summary)."""
     plt = _pyplot()
     bench, values = result["benchmark"], result.get("state_value") or {}
     policies = list(bench)

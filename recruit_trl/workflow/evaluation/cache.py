@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from recruit_trl.evaluation.evaluate import EvalConfig, evaluate, with_tasks
-from recruit_trl.evaluation.planner import planned_model
 from recruit_trl.files import read_json, write_json_atomic
 from recruit_trl.models.loading import model_fingerprint
+from recruit_trl.workflow.evaluation.evaluate import EvalConfig, evaluate, with_tasks
+from recruit_trl.workflow.evaluation.planner import planned_model
 
 # Bumped when the result rows gain fields, so that cached evaluations without them are redone.
 EVAL_SCHEMA = 4

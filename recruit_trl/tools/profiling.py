@@ -1,5 +1,6 @@
 """Where the seconds of a training step or an evaluation go: wall time split into named shares, each second counted
-once (a share's time excludes the shares timed inside it), used by ``python -m recruit_trl.bench_rollout --profile``.
+once (a share's time excludes the shares timed inside it), used by ``python -m recruit_trl.tools.bench_rollout
+--profile``.
 
 Shares (:data:`SHARES`): building and tokenizing prompts, the model's passes over prompts (``prefill``: a pass
 without a filled key-value cache) and over answer tokens (``decode``, with the sampler's own work), the environment
@@ -24,10 +25,10 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from transformers import TrainerCallback
 
-from recruit_trl.evaluation import evaluate
-from recruit_trl.evaluation.evaluate import Evaluator
 from recruit_trl.models import generation
 from recruit_trl.rollout import continuation, rollout_funcs
+from recruit_trl.workflow.evaluation import evaluate
+from recruit_trl.workflow.evaluation.evaluate import Evaluator
 
 SHARES = {
     "prompt": "building and tokenizing prompts",

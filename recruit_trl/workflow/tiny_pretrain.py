@@ -1,7 +1,7 @@
 """The tiny model's warm-up: a short full-parameter pre-training with transformers' ``Trainer``.
 
 :func:`pretrain` trains a freshly initialised causal LM in place on ``(prompt_ids, completion_ids)`` samples and
-returns the statistics that :func:`recruit_trl.models.tiny_model.build_tiny_model` keeps in the build metadata.
+returns the statistics that :func:`recruit_trl.workflow.tiny_model.build_tiny_model` keeps in the build metadata.
 
 The recipe
     AdamW with betas (0.9, 0.95) and weight decay on the >=2-D weights outside the norms; a linear warm-up over

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from recruit_trl.contracts import MAX_NEW_TOKENS, answer_texts, completion_text, parse_action
-from recruit_trl.decisions.decision_set import Decision
 from recruit_trl.models.generation import answer_token_ids, encode_prompt, sample
 from recruit_trl.models.loading import load_for_inference
 from recruit_trl.protocol import Action, EnvInterface
 from recruit_trl.traces import match_candidate
+from recruit_trl.workflow.decisions.decision_set import Decision
 
 
 def greedy_answers(

@@ -5,7 +5,7 @@ The recipes (``recipes/*.py``) parse with :class:`RecipeParser`: TRL's ``TrlPars
 dataclasses, ``--config file.yaml``) whose argparse errors (a value of the wrong type, a flag without its value) take
 one line instead of the usage of several hundred flags, and which checks GRPO's group settings before ``GRPOConfig``
 is built (:func:`check_generation_batch`). Each dataclass checks its own values as it is built (``__post_init__``);
-:func:`recruit_trl.training.arguments.check_rl_arguments` and ``check_sft_arguments`` check what needs the environment
+:func:`recruit_trl.workflow.arguments.check_rl_arguments` and ``check_sft_arguments`` check what needs the environment
 or several dataclasses. The recipes' entry points parse through :func:`parse_or_exit`, which turns a ``ValueError``
 raised while parsing into ``<script>: error: <message>`` and exit status 2, without a traceback.
 """

@@ -15,10 +15,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from recruit_trl.decisions.decision_set import Decision, scoring_rollout
-from recruit_trl.decisions.table import format_number, policy_label
 from recruit_trl.protocol import Action, EnvInterface
 from recruit_trl.rollout.config import RolloutConfig
+from recruit_trl.workflow.decisions.decision_set import Decision, scoring_rollout
+from recruit_trl.workflow.decisions.table import format_number, policy_label
 
 
 def state_values(

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from recruit_trl.contracts import parse_action, parse_json_object
-from recruit_trl.decisions.decision_set import Decision
 from recruit_trl.protocol import EnvInterface
 from recruit_trl.rollout.anchors import MODEL_PREFIX
 from recruit_trl.traces import same_action
+from recruit_trl.workflow.decisions.decision_set import Decision
 
 
 def benchmark_table(

@@ -25,13 +25,13 @@ from recruit_trl.models.loading import (
     used_settings,
 )
 from recruit_trl.rollout.rollout_funcs import make_rollout
-from recruit_trl.training.anchor_data import make_anchor_dataset
-from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments
-from recruit_trl.training.model_card import rl_model_card, write_model_card
-from recruit_trl.training.model_setup import last_checkpoint, model_init_kwargs, rl_start, setup_run
-from recruit_trl.training.run_report import RL_FINISHED, report_run, rl_finished, sft_trained, start_baseline_evals
 from recruit_trl.training.trainer import RecruitGRPOTrainer
-from recruit_trl.training.warm_start import run_warm_start
+from recruit_trl.workflow.anchor_data import make_anchor_dataset
+from recruit_trl.workflow.arguments import ScriptArguments, WarmStartArguments
+from recruit_trl.workflow.model_card import rl_model_card, write_model_card
+from recruit_trl.workflow.model_setup import last_checkpoint, model_init_kwargs, rl_start, setup_run
+from recruit_trl.workflow.run_report import RL_FINISHED, report_run, rl_finished, sft_trained, start_baseline_evals
+from recruit_trl.workflow.warm_start import run_warm_start
 from rewards import get_reward_funcs
 
 

@@ -1,7 +1,7 @@
 """Training-loop benchmark: a few GRPO optimizer steps with recruit_trl's rollouts, and their cost figures.
 
-Usage: ``python -m recruit_trl.bench_rollout [--steps 6] [--json FILE] [flags]``, where the flags are those of the
-GRPO recipe (``recipes/grpo_clinical.py``): ``ScriptArguments``, ``GRPOConfig`` and ``ModelConfig`` through
+Usage: ``python -m recruit_trl.tools.bench_rollout [--steps 6] [--json FILE] [flags]``, where the flags are those of
+the GRPO recipe (``recipes/grpo_clinical.py``): ``ScriptArguments``, ``GRPOConfig`` and ``ModelConfig`` through
 ``TrlParser``, with the same CPU and model defaults (e.g. ``--mode episode``, ``--model_name_or_path``,
 ``--num_generations``). It trains the base model (a fresh LoRA adapter unless ``--use_peft false``) on the anchors,
 with no warm start and no final evaluation: ``--warm_start none --report false`` are the defaults here, and asking
@@ -11,14 +11,14 @@ Reported (medians over the steps after the first, which pays for warm-up and anc
 seconds per optimizer step, decisions the policy played and decisions trained on per second of a step (one rollout
 call per optimizer step, TRL's default), generated tokens per environment decision, prompt tokens per decision, the
 environment's share of rollout time, environment steps per sample, and the fraction of zero-variance groups; and the
-peak memory of the first step (:class:`recruit_trl.profiling.FirstStepPeakMemory`).
+peak memory of the first step (:class:`recruit_trl.tools.profiling.FirstStepPeakMemory`).
 
 ``--compare_baseline`` first runs the same steps on the baseline's paths (:func:`baseline_paths`: every row of a
 GRPO group scored on its own in the trainer's passes and prefilled on its own in the rollouts, instead of the packed
 groups of :mod:`recruit_trl.training.packed_groups` and the shared prefill of :mod:`recruit_trl.models.generation`;
 with ``--use_vllm true``, the same paths generating with transformers instead of vLLM), then the current paths, and
 reports both and their ``ratio`` (current over baseline) for decisions played and trained per second. ``--profile``
-adds where each step's seconds go (:mod:`recruit_trl.profiling`), for both runs with ``--compare_baseline``.
+adds where each step's seconds go (:mod:`recruit_trl.tools.profiling`), for both runs with ``--compare_baseline``.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 
 from recruit_trl.files import write_json_atomic
 from recruit_trl.models.loading import keep_4bit_layers_trainable
-from recruit_trl.training.anchor_data import make_anchor_dataset
-from recruit_trl.training.arguments import ScriptArguments, WarmStartArguments, check_vllm_arguments
-from recruit_trl.training.defaults import recipe_defaults
-from recruit_trl.training.model_setup import model_init_kwargs, setup_run
+from recruit_trl.workflow.anchor_data import make_anchor_dataset
+from recruit_trl.workflow.arguments import ScriptArguments, WarmStartArguments, check_vllm_arguments
+from recruit_trl.workflow.defaults import recipe_defaults
+from recruit_trl.workflow.model_setup import model_init_kwargs, setup_run
 
 FIGURES = {
     "seconds_per_step": "step_time",
@@ -60,9 +60,9 @@ class BenchArguments:
     json: str | None = field(default=None, metadata={"help": "Also write the figures to this JSON file."})
     profile: bool = field(
         default=False,
-        metadata={"help": "Also time where each step's seconds go (recruit_trl.profiling: prompts, prefill, decoding, "
-                  "environment, the trainer's forward, loss, backward, optimizer, the rest), per step after the "
-                  "first."},
+        metadata={"help": "Also time where each step's seconds go (recruit_trl.tools.profiling: prompts, prefill, "
+                  "decoding, environment, the trainer's forward, loss, backward, optimizer, the rest), per step after "
+                  "the first."},
     )  # fmt: skip
     compare_baseline: bool = field(
         default=False,
@@ -96,8 +96,8 @@ def summarize(log_history: list[dict], peak_mib: float | None = None) -> dict:
 
 
 def first_step_peak_mib(trainer) -> float | None:
-    """What the trainer's :class:`~recruit_trl.profiling.FirstStepPeakMemory` measured, or None."""
-    from recruit_trl.profiling import FirstStepPeakMemory  # torch
+    """What the trainer's :class:`~recruit_trl.tools.profiling.FirstStepPeakMemory` measured, or None."""
+    from recruit_trl.tools.profiling import FirstStepPeakMemory  # torch
 
     memory = [c for c in trainer.callback_handler.callbacks if isinstance(c, FirstStepPeakMemory)]
     return memory[0].peak_mib if memory else None
@@ -129,7 +129,7 @@ def baseline_paths():
 def parse_args(argv: list[str] | None = None):
     """``(BenchArguments, ScriptArguments, GRPOConfig, ModelConfig)`` from the command line, parsed like the GRPO
     recipe's (``--config file.yaml`` included) with its CPU and model defaults, and no warm start or report (the
-    warm start's settings, :class:`~recruit_trl.training.arguments.WarmStartArguments`, are parsed as the recipe's
+    warm start's settings, :class:`~recruit_trl.workflow.arguments.WarmStartArguments`, are parsed as the recipe's
     and unused).
 
     Raises:
@@ -151,7 +151,7 @@ def parse_args(argv: list[str] | None = None):
 def train(script_args, training_args, model_args):
     """Build the GRPO trainer (:func:`build`) and train it for ``training_args.max_steps`` steps; returns the
     trainer."""
-    from recruit_trl.profiling import FirstStepPeakMemory  # torch
+    from recruit_trl.tools.profiling import FirstStepPeakMemory  # torch
 
     trainer, _ = build(script_args, training_args, model_args)
     trainer.add_callback(FirstStepPeakMemory())
@@ -198,9 +198,9 @@ def build(script_args, training_args, model_args):
 
 
 def profiled_train(script_args, training_args, model_args):
-    """:func:`train`, timed by share (:func:`recruit_trl.profiling.profile_training`); returns the trainer and
+    """:func:`train`, timed by share (:func:`recruit_trl.tools.profiling.profile_training`); returns the trainer and
     ``{"seconds_per_step": by share after the first step, "padding": the share of padding positions by share}``."""
-    from recruit_trl.profiling import FirstStepPeakMemory, profile_training  # torch
+    from recruit_trl.tools.profiling import FirstStepPeakMemory, profile_training  # torch
 
     trainer, rollout = build(script_args, training_args, model_args)
     trainer.add_callback(FirstStepPeakMemory())
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:<{width}}  {value}")
     for name, profile in (("baseline", baseline_shares), ("current", shares)):
         if profile:
-            from recruit_trl.profiling import share_table
+            from recruit_trl.tools.profiling import share_table
 
             print(f"where the seconds of a step go ({name} paths):")
             print(share_table(profile["seconds_per_step"], unit="s/step"))

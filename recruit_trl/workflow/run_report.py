@@ -1,6 +1,6 @@
 """The RL recipes' end-of-run report: the held-out evaluations of the base, SFT and RL models and the baselines
 (cached, the baselines possibly in a background process during the warm start), the decision-level report, and
-``report.json`` with its plots and one-screen summary (:mod:`recruit_trl.evaluation.report`).
+``report.json`` with its plots and one-screen summary (:mod:`recruit_trl.workflow.evaluation.report`).
 """
 
 from __future__ import annotations
@@ -10,9 +10,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from recruit_trl.evaluation.cache import cached_evaluation, evaluate_cached, evaluate_cached_runs
-from recruit_trl.evaluation.evaluate import EvalConfig
-from recruit_trl.evaluation.report import paired_differences, summary, training_curves, write_report
 from recruit_trl.files import read_json, write_json_atomic
 from recruit_trl.models.build_cache import METADATA_FILE
 from recruit_trl.models.loading import (
@@ -23,9 +20,12 @@ from recruit_trl.models.loading import (
     model_summary,
 )
 from recruit_trl.ranges import parse_int_ranges
-from recruit_trl.training.arguments import WarmStartArguments
-from recruit_trl.training.model_setup import RunSetup
 from recruit_trl.versions import versions
+from recruit_trl.workflow.arguments import WarmStartArguments
+from recruit_trl.workflow.evaluation.cache import cached_evaluation, evaluate_cached, evaluate_cached_runs
+from recruit_trl.workflow.evaluation.evaluate import EvalConfig
+from recruit_trl.workflow.evaluation.report import paired_differences, summary, training_curves, write_report
+from recruit_trl.workflow.model_setup import RunSetup
 
 # Written last by a finished RL stage: the settings it trained with, read back from the trainer, and the model summary.
 RL_FINISHED = "run_info.json"
@@ -230,8 +230,8 @@ def decision_report(
     keyed on the environment, the settings and the models' weights
     (:func:`recruit_trl.models.loading.model_fingerprint`: a re-run that trains further into the same folder measures
     again)."""
-    from recruit_trl.decisions.decision_set import decision_set, sample_decisions
-    from recruit_trl.decisions.report import evaluate_decisions
+    from recruit_trl.workflow.decisions.decision_set import decision_set, sample_decisions
+    from recruit_trl.workflow.decisions.report import evaluate_decisions
 
     out = Path(trainer.args.output_dir)
     policies = {"base": f"model:{setup.model_path}"}
@@ -278,7 +278,7 @@ def set_benchmark(
     """The benchmark table of ``policies`` on the warm start's teacher decision sets (``fixed`` and ``heldout``,
     ``--sft_heldout_rows`` of each when set; free decoding, the constrained teacher match beside it with
     ``--benchmark_constrained``; the base model on the held-out set too with ``--benchmark_base_heldout``)."""
-    from recruit_trl.training.warm_start import benchmark_sets, set_config
+    from recruit_trl.workflow.warm_start import benchmark_sets, set_config
 
     config = set_config(script_args, warm, tasks)
     data_dir = out / "sft" / "dataset"
@@ -312,8 +312,8 @@ def decision_section(report: dict[str, Any]) -> str:
     decisions = report.get("decisions")
     if not decisions:
         return ""
-    from recruit_trl.decisions.benchmark import format_result
-    from recruit_trl.decisions.report import format_decision_report
+    from recruit_trl.workflow.decisions.benchmark import format_result
+    from recruit_trl.workflow.decisions.report import format_decision_report
 
     rows = decisions["config"]["decisions"]
     lines = [f"decision level: {rows} held-out decisions (greedy, free decoding), state values", ""]

@@ -1,12 +1,12 @@
 """The decision benchmark of ``recruit-trl benchmark``: policies answering the teacher decision sets, counted.
 
-:func:`run_benchmark` builds or reuses the sets (:func:`recruit_trl.decisions.teacher_sets.teacher_sets`), rebuilds the
-rows of each chosen set as decisions by replaying their games
-(:func:`recruit_trl.decisions.teacher_sets.set_decisions`), and scores every policy's answer to every row with
-:func:`recruit_trl.decisions.table.benchmark_table`. A model (``model:PATH``) answers greedily with free decoding
-(:func:`recruit_trl.decisions.answers.greedy_answers`, as the decision-level report does), optionally also with
-constrained decoding; the teacher answers with its stored answer; any other environment policy plays its action in the
-live state, written as the answer that takes it (an unlisted action has none and counts as invalid).
+:func:`run_benchmark` builds or reuses the sets (:func:`recruit_trl.workflow.decisions.teacher_sets.teacher_sets`),
+rebuilds the rows of each chosen set as decisions by replaying their games
+(:func:`recruit_trl.workflow.decisions.teacher_sets.set_decisions`), and scores every policy's answer to every row with
+:func:`recruit_trl.workflow.decisions.table.benchmark_table`. A model (``model:PATH``) answers greedily with free
+decoding (:func:`recruit_trl.workflow.decisions.answers.greedy_answers`, as the decision-level report does), optionally
+also with constrained decoding; the teacher answers with its stored answer; any other environment policy plays its
+action in the live state, written as the answer that takes it (an unlisted action has none and counts as invalid).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from recruit_trl.decisions.answers import action_answer, greedy_answers
-from recruit_trl.decisions.table import benchmark_table, format_benchmark
-from recruit_trl.decisions.teacher_sets import CONTRACT, SetConfig, set_decisions, teacher_sets
 from recruit_trl.models.loading import load_for_inference
-from recruit_trl.models.smollm2 import load_smollm2
 from recruit_trl.models.vllm_engine import policy_from_folder
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.anchors import MODEL_PREFIX
+from recruit_trl.workflow.decisions.answers import action_answer, greedy_answers
+from recruit_trl.workflow.decisions.table import benchmark_table, format_benchmark
+from recruit_trl.workflow.decisions.teacher_sets import CONTRACT, SetConfig, set_decisions, teacher_sets
+from recruit_trl.workflow.smollm2 import load_smollm2
 
 
 def run_benchmark(

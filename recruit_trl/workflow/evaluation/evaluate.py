@@ -8,12 +8,12 @@ Policies:
       config). Model policies run all episodes in lock-step with batched generation, through the same
       prompt rendering, action contract, strict parser and safe fallback as the RL rollouts.
     * ``planner:model:PATH``: the model proposes ``planner_candidates`` sampled actions at every decision and the
-      one with the best continued grade is played (:mod:`recruit_trl.evaluation.planner`); its rows carry its
+      one with the best continued grade is played (:mod:`recruit_trl.workflow.evaluation.planner`); its rows carry its
       cost per episode (``planner_cost``).
 
-Each episode is recorded as an :class:`~recruit_trl.evaluation.metrics.EpisodeLog`, aggregated into one result row per
-(policy, task) by :func:`recruit_trl.evaluation.metrics.aggregate` (the metrics are described there). Episodes run
-in-process, or against an environment server (``env_url``) through the interface's ``remote_env``.
+Each episode is recorded as an :class:`~recruit_trl.workflow.evaluation.metrics.EpisodeLog`, aggregated into one result
+row per (policy, task) by :func:`recruit_trl.workflow.evaluation.metrics.aggregate` (the metrics are described there).
+Episodes run in-process, or against an environment server (``env_url``) through the interface's ``remote_env``.
 
 Per-decision trace (``recruit-trl eval --trace FILE``): one JSON line per decision with the policy, task, seed,
 day, the action played and the teacher's action (both as the prompt describes them), whether they match, whether
@@ -21,8 +21,9 @@ the decision was valid (for a model's rejected answer also its ``text`` and the 
 outcome. Aggregates say *that* a model drifts; the trace shows where: e.g. a student that negotiates every day on
 medium while the expert waits until the last scheduled dropout.
 
-The result cache (:mod:`recruit_trl.evaluation.cache`), the metrics, the results table and plot
-(:mod:`recruit_trl.evaluation.report`) and :func:`~recruit_trl.versions.versions` are importable from here too.
+The result cache (:mod:`recruit_trl.workflow.evaluation.cache`), the metrics, the results table and plot
+(:mod:`recruit_trl.workflow.evaluation.report`) and :func:`~recruit_trl.versions.versions` are importable from here
+too.
 """
 
 from __future__ import annotations
@@ -44,17 +45,17 @@ from recruit_trl.contracts import (
     parse_action,
     parse_json_object,
 )
-from recruit_trl.evaluation.metrics import (
-    EpisodeLog,
-    aggregate,
-)
-from recruit_trl.evaluation.planner import CandidateScorer, PlannerSettings, planned_model
 from recruit_trl.files import write_text_atomic
 from recruit_trl.models.loading import load_for_inference
 from recruit_trl.protocol import EnvInterface, get_env_interface, policy_action
 from recruit_trl.rollout.anchors import MODEL_PREFIX, Anchor, AnchorState
 from recruit_trl.traces import match_candidate, same_action, trace_row
 from recruit_trl.versions import versions
+from recruit_trl.workflow.evaluation.metrics import (
+    EpisodeLog,
+    aggregate,
+)
+from recruit_trl.workflow.evaluation.planner import CandidateScorer, PlannerSettings, planned_model
 
 BACKENDS = ("transformers", "vllm")
 
@@ -86,8 +87,8 @@ class EvalConfig:
     workers: int = 1
     # How models are loaded (recruit_trl.models.loading.loading_config: dtype, attention, 4-bit), as in training.
     model_loading: dict = field(default_factory=dict)
-    # planner:model:PATH policies (recruit_trl.evaluation.planner.PlannerSettings): actions the model proposes per
-    # decision, sampled at planner_temperature / planner_top_p; continuations scoring each distinct one; the policy
+    # planner:model:PATH policies (recruit_trl.workflow.evaluation.planner.PlannerSettings): actions the model proposes
+    # per decision, sampled at planner_temperature / planner_top_p; continuations scoring each distinct one; the policy
     # that plays them ("": the environment's RL continuation policy).
     planner_candidates: int = 8
     planner_continuations: int = 4
@@ -122,12 +123,12 @@ class Evaluator:
         self.config = with_tasks(config, self.interface)
         self.teacher = self.interface.get_policy(config.teacher) if config.teacher else None
         # When a list (and a teacher is set), model runs append one trace row per decision: the state the model
-        # reached, labelled with the teacher's action (DAgger data; see recruit_trl.training.sft_data.dagger_rows).
+        # reached, labelled with the teacher's action (DAgger data; see recruit_trl.workflow.sft_data.dagger_rows).
         self.labelled_rows: list[dict[str, Any]] | None = None
         # When a list, every decision of every policy appends one trace record (see the module docstring).
         self.trace: list[dict[str, Any]] | None = None
         # Model runs keep the state of every episode on these days, with the actions that reached it
-        # (recruit_trl.evaluation.evaluate.record_anchors): captured[(task, seed, day)] = AnchorState.
+        # (recruit_trl.workflow.evaluation.evaluate.record_anchors): captured[(task, seed, day)] = AnchorState.
         self.capture_days: set[int] = set()
         self.captured: dict[tuple[str, int, int], AnchorState] = {}
 
@@ -178,7 +179,7 @@ class Evaluator:
         self, path: str, progress: Callable[[int], None] | None = None, planner: PlannerSettings | None = None
     ) -> list[EpisodeLog]:
         """``path``'s episodes, all in lock-step; with ``planner``, each decision is the best of the model's
-        ``planner.candidates`` proposals (:class:`~recruit_trl.evaluation.planner.CandidateScorer`)."""
+        ``planner.candidates`` proposals (:class:`~recruit_trl.workflow.evaluation.planner.CandidateScorer`)."""
         if self.config.backend == "vllm":
             from recruit_trl.models.vllm_engine import policy_from_folder
 

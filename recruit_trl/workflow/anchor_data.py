@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from recruit_trl.evaluation.evaluate import record_anchors
 from recruit_trl.models.loading import model_fingerprint
 from recruit_trl.protocol import EnvInterface
 from recruit_trl.ranges import parse_int_ranges
@@ -17,7 +16,8 @@ from recruit_trl.rollout.anchors import (
     load_states,
     save_states,
 )
-from recruit_trl.training.arguments import ScriptArguments
+from recruit_trl.workflow.arguments import ScriptArguments
+from recruit_trl.workflow.evaluation.evaluate import record_anchors
 
 
 def make_anchor_dataset(
@@ -40,7 +40,7 @@ def make_anchor_dataset(
         args: the recipe arguments (``anchor_policy``, ``anchor_seeds``, ``anchor_days``, ``anchor_tasks``, ...).
         interface: the environment interface.
         cache: the rollout's anchor cache; states recorded from a model are pinned there.
-        tasks: the run's tasks (:class:`recruit_trl.training.model_setup.RunSetup`), unless ``--anchor_tasks``.
+        tasks: the run's tasks (:class:`recruit_trl.workflow.model_setup.RunSetup`), unless ``--anchor_tasks``.
         student: the model RL starts from (``--anchor_policy student``).
         temperature: sampling temperature of a recording model (the training temperature: on-policy states).
         top_p: its nucleus.

@@ -43,8 +43,8 @@ class EpisodeLog:
     metrics: dict[str, list[float]] = field(default_factory=dict)  # each episode metric after every decision
     own_valid: int = 0  # decisions where the model's own answer was legal (free: it parsed; constrained: unchanged)
     own_checked: int = 0
-    # A planner policy's scoring (recruit_trl.evaluation.planner): distinct candidates scored, their environment steps
-    # and seconds, over the episode.
+    # A planner policy's scoring (recruit_trl.workflow.evaluation.planner): distinct candidates scored, their
+    # environment steps and seconds, over the episode.
     planner_scored: int = 0
     planner_env_steps: int = 0
     planner_seconds: float = 0.0
