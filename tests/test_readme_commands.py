@@ -63,8 +63,11 @@ COVERAGE = {
     r"python recipes/grpo_environment_factory\.py( --max_steps \d+ --output_dir \S+)?": (
         "tests/test_tool_env.py::test_recipe_trains_one_step_and_saves_the_adapter"
     ),
+    r"python recipes/grpo_toy_walk\.py( --max_steps \d+)?": (
+        "tests/test_grpo_toy_walk.py::test_the_script_trains_and_prints_its_result"
+    ),
     r"recruit-trl eval .*": "run",
-    r"python -m recruit_trl\.bench_rollout .*": "run",
+    r"python -m recruit_trl\.tools\.bench_rollout .*": "run",
     r"recruit-trl serve --env conquest": "tests/test_conquest_served.py::test_server_process_plays_like_in_process",
     r"recruit-trl serve.*": "run",
     r"recruit-trl tasks --env conquest": "run",
