@@ -90,7 +90,17 @@ if TYPE_CHECKING:
     from rewards import get_reward_funcs
 
 
+# Public names of 0.1.0 that are gone, and what replaced them: an import of one says so.
+_REMOVED = {
+    "ReinforceTrainer": "it was renamed RecruitReinforceTrainer",
+    "WindowRollout": "window mode was removed: use BranchRollout / EpisodeRollout, or environment_factory for TRL's "
+    "tool loop",
+}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _REMOVED:
+        raise AttributeError(f"recruit_trl.{name} is gone: {_REMOVED[name]}")
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

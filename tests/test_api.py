@@ -24,6 +24,10 @@ def test_public_names_are_the_modules_objects():
     assert set(recruit_trl.__all__) <= set(dir(recruit_trl))
     with pytest.raises(AttributeError, match="no_such_name"):
         recruit_trl.no_such_name  # noqa: B018
+    with pytest.raises(AttributeError, match="renamed RecruitReinforceTrainer"):
+        recruit_trl.ReinforceTrainer  # noqa: B018
+    with pytest.raises(AttributeError, match="window mode was removed"):
+        recruit_trl.WindowRollout  # noqa: B018
 
 
 def test_importing_the_package_loads_neither_torch_nor_the_environment():
