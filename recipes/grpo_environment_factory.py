@@ -10,19 +10,19 @@ With no arguments on a CPU this trains a few steps on conquest ``duel`` with the
 
     python recipes/grpo_environment_factory.py
     python recipes/grpo_environment_factory.py --max_steps 1 --output_dir outputs/tool_loop
-    python recipes/grpo_environment_factory.py --config recipes/grpo_environment_factory.yaml
-    accelerate launch recipes/grpo_environment_factory.py --env clinical --tasks easy_bench
+    accelerate launch recipes/grpo_environment_factory.py --env clinical --tasks easy_bench \\
+        --tiny_tasks easy_bench medium_bench hard_bench --reward_funcs final_score_reward format_reward \\
+        --reward_weights 1 0.5   # clinical's tiny model and rewards (the config's are conquest's)
     accelerate launch --config_file accelerate_configs/single_gpu.yaml recipes/grpo_environment_factory.py \\
         --model_name_or_path Qwen/Qwen3-4B --load_in_4bit --bf16 true --max_completion_length 16384 \\
         --generation_kwargs '{"max_new_tokens": 1024}' --max_tool_calling_iterations 30
 
 Top to bottom:
-1. Arguments: ``ScriptArguments`` (below) + ``GRPOConfig`` + ``ModelConfig`` through ``TrlParser`` (``--config`` YAML);
-   :data:`DEFAULTS` (the CPU run) under the command line.
+1. Arguments: ``ScriptArguments`` (below) + ``GRPOConfig`` + ``ModelConfig`` through ``TrlParser``, from
+   ``recipes/configs/grpo_environment_factory.yaml`` (the CPU run; ``--config`` names another) and the command line.
 2. The environment class: ``recruit_trl.environment_factory(--env, max_tool_calls=--max_tool_calling_iterations)``.
    ``reset`` reads each row's ``task`` and ``seed``; ``get_reward`` is the weighted sum of ``--reward_funcs`` over
-   the steps played (by default the environment's episode-mode rewards, ``recipe_defaults["rl/episode"]``, e.g.
-   conquest's win and the change of its potential; else the final score and format); a rollout that a budget cuts
+   the steps played (the config's: conquest's win and the change of its potential); a rollout that a budget cuts
    before the episode ends has no final score (logged: ``rewards/episode_ended/mean``).
 3. The model: ``tiny`` is the project's tiny model for the environment (built on first use from its texts and
    cached: the one ``recipes/grpo_conquest.py`` starts from), ``smollm2`` SmolLM2-135M-Instruct from its wheel, else a
@@ -41,12 +41,11 @@ Top to bottom:
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # recruit_trl before TRL: importing it keeps off the console a notice that TRL's own import would print
-from recruit_trl.workflow.parsing import RecipeParser, parse_or_exit
+from recruit_trl.workflow.parsing import parse_or_exit
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -66,9 +65,9 @@ from recruit_trl.rollout.tool_env import (  # noqa: E402
     tool_calling_tokenizer,
 )
 from recruit_trl.workflow.arguments import check_range, check_tasks, check_value  # noqa: E402
-from recruit_trl.workflow.defaults import model_defaults, recipe_choice, trainer_defaults  # noqa: E402
+from recruit_trl.workflow.configs import parse_recipe  # noqa: E402
 from recruit_trl.workflow.model_setup import model_init_kwargs, resolve_model  # noqa: E402
-from rewards import DEFAULT_REWARD_WEIGHTS, DEFAULT_REWARDS, get_reward_funcs  # noqa: E402
+from rewards import DEFAULT_REWARDS, get_reward_funcs  # noqa: E402
 
 
 @dataclass
@@ -90,8 +89,7 @@ class ScriptArguments:
     reward_funcs: list[str] = field(
         default_factory=lambda: list(DEFAULT_REWARDS),
         metadata={"help": "Reward functions that get_reward sums over the rollout's steps, weighted by "
-                  "--reward_weights (names from the `rewards` package or 'package.module:function'); default: the "
-                  "environment's episode-mode rewards, else final_score_reward and format_reward."},
+                  "--reward_weights (names from the `rewards` package or 'package.module:function')."},
     )  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -108,30 +106,6 @@ class ScriptArguments:
         check_tasks("tiny_tasks", self.tiny_tasks, interface)
         check_range("seeds", self.seeds, required=True)
         check_value("recent_k", self.recent_k, self.recent_k >= 0, ">= 0")
-
-
-# The CPU run: conquest duel, 4 steps of 2 groups of 4 rollouts. The tiny model holds 2,048 tokens: a ~530-token
-# first state and ~520 tokens per decision (7 for the call, the next state) fit three decisions in 1,500 completion
-# tokens. Each turn writes at most 12 tokens, as the rollouts' index contract does.
-DEFAULTS = {
-    "env_name": "conquest",
-    "tasks": ["duel"],
-    "tiny_tasks": ["classic3", "duel"],  # the tiny model recipes/grpo_conquest.py builds (one cache entry)
-    "output_dir": "outputs/grpo_environment_factory",
-    "max_steps": 4,
-    "per_device_train_batch_size": 8,
-    "num_generations": 4,
-    "max_completion_length": 1500,
-    "max_tool_calling_iterations": 8,
-    "generation_kwargs": {"max_new_tokens": 12},
-    "reward_weights": list(DEFAULT_REWARD_WEIGHTS),  # of reward_funcs' default; the environment's own over them
-    "learning_rate": 5e-4,  # LoRA on the tiny model
-    "beta": 0.0,
-    "temperature": 1.0,
-    "logging_steps": 1,
-    "save_strategy": "no",
-    **trainer_defaults(),
-}
 
 
 def main(
@@ -201,27 +175,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, GRPOConf
     Raises:
         ValueError: one line naming the flag, its value and what it takes.
     """
-    argv = sys.argv[1:] if argv is None else argv
-    parser = RecipeParser((ScriptArguments, GRPOConfig, ModelConfig))
-    parser.set_defaults(**{**model_defaults(), **DEFAULTS, **environment_rewards(argv)})
-    script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    types = (ScriptArguments, GRPOConfig, ModelConfig)
+    script_args, training_args, model_args = parse_recipe(types, "grpo_environment_factory.yaml", argv)
     weights = training_args.reward_weights
     if weights is not None and len(weights) != len(script_args.reward_funcs):
         raise ValueError(f"--reward_weights {weights} must give one weight per --reward_funcs "
                          f"{script_args.reward_funcs}")  # fmt: skip
     return script_args, training_args, model_args
-
-
-def environment_rewards(argv: list[str]) -> dict:
-    """The environment's episode-mode rewards (``--reward_funcs`` and ``--reward_weights`` of its
-    ``recipe_defaults["rl/episode"]``), for the environment ``--env`` names (on the command line or in the YAML);
-    none for an environment without them or an unknown one (``ScriptArguments`` reports that)."""
-    name = recipe_choice(argv).env_name or DEFAULTS["env_name"]
-    try:
-        own = get_env_interface(name).recipe_defaults.get("rl/episode", {})
-    except ValueError:
-        return {}
-    return {k: v for k, v in own.items() if k in ("reward_funcs", "reward_weights")}
 
 
 if __name__ == "__main__":

@@ -1,21 +1,25 @@
-"""SFT warm start: imitate a teacher policy's decisions, rendered exactly like the RL prompts, with LoRA.
+"""SFT warm start: imitate a teacher policy's decisions, rendered exactly like the RL prompts.
 
-    python recipes/sft_clinical.py                                  # CPU: tiny model, safe-agent teacher
+    python recipes/sft_clinical.py                                  # CPU: the main job's warm start, on its own
     python recipes/sft_clinical.py --teacher expert --sft_train_seeds 300-347
-    accelerate launch recipes/sft_clinical.py --model_name_or_path Qwen/Qwen3-4B --bf16 true --load_in_4bit
+    python recipes/sft_clinical.py --config sft_clinical_smollm2.yaml   # SmolLM2-135M-Instruct with LoRA
+    accelerate launch recipes/sft_clinical.py --config sft_clinical_qwen3_4b.yaml   # Qwen3-4B, QLoRA, one GPU
 
 Top to bottom:
 1. Arguments: ``SFTScriptArguments`` (``recruit_trl.workflow.arguments``: the environment, its tasks) +
-   ``WarmStartArguments`` (the teacher, seeds, balancing, DAgger: the flags the RL recipes' warm start takes too) +
-   TRL's ``SFTConfig`` + ``ModelConfig`` through ``TrlParser``; CPU-friendly defaults.
+   ``WarmStartArguments`` (the teacher, seeds, balancing, DAgger) + TRL's ``SFTConfig`` + ``ModelConfig`` through
+   ``TrlParser``, from one config file, ``recipes/configs/sft_clinical.yaml`` unless ``--config`` names another, and
+   the command line over it (``recruit_trl.workflow.configs.parse_recipe``). That file is also the clinical main
+   job's warm start (the RL recipes' ``--sft_config``): the expert's traces on seeds 300-307, one DAgger round, every
+   weight of the tiny model, learning rate 3e-4.
 2. Data: teacher traces on ``--sft_train_seeds`` (balanced by action type within each task: no type above
-   ``--sft_max_type_fraction`` of the rows, the clinical environment's 0.35; an environment that sets no cap of its own
-   keeps every row) and ``--sft_heldout_seeds`` (untouched), as conversational prompt/completion rows; saved to
-   ``<output_dir>/dataset`` and reused on re-runs.
-3. ``SFTTrainer`` trains a LoRA adapter on the completions only (``--use_peft false``: every weight, which suits the
-   tiny model, whose LoRA lacks the capacity to condition on the state; a real model keeps LoRA). For the tiny
-   model (a vocabulary of a few hundred tokens) the loss is the model's own cross-entropy (``--sft_token_metrics``,
-   false by default for it).
+   ``--sft_max_type_fraction`` of the rows, 0.35 in the clinical configs; 1 keeps every row) and
+   ``--sft_heldout_seeds`` (untouched), as conversational prompt/completion rows; saved to ``<output_dir>/dataset``
+   and reused on re-runs.
+3. ``SFTTrainer`` on the completions only: every weight with ``--use_peft false`` (the tiny model's config: its LoRA
+   lacks the capacity to condition on the state), else a LoRA adapter (a real model's configs). For the tiny model (a
+   vocabulary of a few hundred tokens) the loss is the model's own cross-entropy (``--sft_token_metrics false`` in
+   its config).
 4. DAgger (``--dagger_rounds N``): the student plays ``--dagger_seeds`` itself, the teacher labels every state
    it reaches, and training continues on all data so far (``--dagger_epochs``); each round is cached in
    ``<output_dir>/round-K``. The last round's student plays those seeds too, and the round whose student scored
@@ -29,16 +33,14 @@ Steps 2 to 5 are ``recruit_trl.workflow.warm_start.train_sft``, the pipeline the
 
 from __future__ import annotations
 
-import sys
-
 # recruit_trl before TRL: importing it keeps off the console a notice that TRL's own import would print
-from recruit_trl.workflow.parsing import RecipeParser, parse_or_exit
+from recruit_trl.workflow.parsing import parse_or_exit
 
 # isort: split
 from trl import ModelConfig, SFTConfig
 
 from recruit_trl.workflow.arguments import SFTScriptArguments, WarmStartArguments, check_sft_arguments
-from recruit_trl.workflow.defaults import recipe_defaults
+from recruit_trl.workflow.configs import parse_recipe
 from recruit_trl.workflow.model_setup import setup_run
 from recruit_trl.workflow.warm_start import train_sft
 
@@ -57,9 +59,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, WarmS
     Raises:
         ValueError: one line naming the flag, its value and what it takes.
     """
-    parser = RecipeParser((SFTScriptArguments, WarmStartArguments, SFTConfig, ModelConfig))
-    parser.set_defaults(**recipe_defaults("sft", "sft_clinical", "clinical", sys.argv[1:] if argv is None else argv))
-    return check_sft_arguments(*parser.parse_args_and_config(args=argv))
+    types = (SFTScriptArguments, WarmStartArguments, SFTConfig, ModelConfig)
+    return check_sft_arguments(*parse_recipe(types, "sft_clinical.yaml", argv))
 
 
 if __name__ == "__main__":

@@ -2,22 +2,24 @@
 held-out sets.
 
     python recipes/sft_conquest.py                                   # CPU: the tiny model, every weight
-    python recipes/sft_conquest.py --model_name_or_path smollm2      # SmolLM2-135M-Instruct with LoRA
-    accelerate launch recipes/sft_conquest.py --model_name_or_path Qwen/Qwen3-4B --bf16 true --load_in_4bit
-    python recipes/sft_conquest.py --config recipes/sft_conquest.yaml
+    python recipes/sft_conquest.py --config sft_conquest_smollm2.yaml   # SmolLM2-135M-Instruct with LoRA
+    accelerate launch recipes/sft_conquest.py --model_name_or_path Qwen/Qwen3-4B --bf16 true --load_in_4bit \\
+        --use_peft true --sft_token_metrics true
 
 Top to bottom:
 1. Arguments: ``SFTScriptArguments`` (environment, tasks) + ``WarmStartArguments`` (teacher, seeds, DAgger) + TRL's
-   ``SFTConfig`` + ``ModelConfig`` through ``TrlParser``, with the game's defaults
-   (``env/conquest/training_defaults.py``; a named model's own, e.g. ``smollm2``'s, on top:
-   ``recruit_trl.workflow.defaults.recipe_defaults``).
+   ``SFTConfig`` + ``ModelConfig`` through ``TrlParser``, from one config file, ``recipes/configs/sft_conquest.yaml``
+   unless ``--config`` names another, and the command line over it (``recruit_trl.workflow.configs.parse_recipe``).
+   That file is also the board game's warm start in ``recipes/grpo_conquest.py`` (its ``--sft_config``): one epoch,
+   one DAgger round, every weight of the tiny model, learning rate 3e-4; ``sft_conquest_smollm2.yaml`` is SmolLM2's
+   (12 LoRA steps, no DAgger).
 2. Data (``--sft_data teacher_sets``): the teacher plays ``classic3`` and ``duel`` on three disjoint seed ranges, every
    decision is a row (the RL prompt, the answer ``{"action_index": k}``), capped so that no decision phase holds more
    than ``--sft_max_type_fraction`` of a split: ``train`` (``--sft_train_seeds``), ``fixed`` (100 rows,
    ``--sft_fixed_seeds``) and ``heldout`` (1,000 rows, ``--sft_heldout_seeds``); saved in
    ``<output_dir>/dataset/sets``.
-3. ``SFTTrainer`` on the completions (every weight of the tiny model built here, the game's ``sft:tiny`` default
-   ``--use_peft false``; a LoRA adapter for a pretrained or quantised model), optional DAgger rounds; the model and
+3. ``SFTTrainer`` on the completions (every weight of the tiny model built here, ``use_peft: false`` in its config; a
+   LoRA adapter for a pretrained or quantised model, ``--use_peft true``), optional DAgger rounds; the model and
    tokenizer are saved to ``--output_dir`` (``recruit_trl.workflow.warm_start.train_sft``, the pipeline
    ``recipes/grpo_conquest.py`` runs as its warm start).
 4. Benchmark (``<output_dir>/benchmark.json``, printed): rows, strict JSON, valid index, teacher match and invalid
@@ -30,16 +32,14 @@ checkpoint.
 
 from __future__ import annotations
 
-import sys
-
 # recruit_trl before TRL: importing it keeps off the console a notice that TRL's own import would print
-from recruit_trl.workflow.parsing import RecipeParser, parse_or_exit
+from recruit_trl.workflow.parsing import parse_or_exit
 
 # isort: split
 from trl import ModelConfig, SFTConfig
 
 from recruit_trl.workflow.arguments import SFTScriptArguments, WarmStartArguments, check_sft_arguments
-from recruit_trl.workflow.defaults import recipe_defaults
+from recruit_trl.workflow.configs import parse_recipe
 from recruit_trl.workflow.model_setup import setup_run
 from recruit_trl.workflow.warm_start import benchmark_sft, train_sft
 
@@ -60,9 +60,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, WarmS
     Raises:
         ValueError: one line naming the flag, its value and what it takes.
     """
-    parser = RecipeParser((SFTScriptArguments, WarmStartArguments, SFTConfig, ModelConfig))
-    parser.set_defaults(**recipe_defaults("sft", "sft_conquest", "conquest", sys.argv[1:] if argv is None else argv))
-    return check_sft_arguments(*parser.parse_args_and_config(args=argv))
+    types = (SFTScriptArguments, WarmStartArguments, SFTConfig, ModelConfig)
+    return check_sft_arguments(*parse_recipe(types, "sft_conquest.yaml", argv))
 
 
 if __name__ == "__main__":

@@ -332,7 +332,11 @@ def _add_learning_check(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("recipe", help="an RL recipe: a file, or a name in recipes/ (grpo_clinical, grpo_conquest, ...)")
     p.add_argument("--seeds", default="0-2", help="training seeds, each trained in both arms (default 0-2)")
-    p.add_argument("--eval_seeds", help="held-out reset seeds of the evaluation (default: the recipe's --eval_seeds)")
+    p.add_argument(
+        "--eval_seeds",
+        help="held-out reset seeds of the evaluation (default: the eval_seeds of the report config the recipe's "
+        "config file names)",
+    )
     p.add_argument("--json", help="the results' JSON file (default <output_dir>/learning_check.json)")
     p.add_argument("--output_dir", help="the check's folder (default outputs/learning_check/<recipe>)")
     p.add_argument(

@@ -100,14 +100,9 @@ class EnvInterface:
         reference_scores: a published reference final score per task, drawn in plots and printed in summaries.
         reference_band: ``(metric, label, low, high)``, a published reference range of a curve metric, shaded on its
             curve plot up to the last of ``metric_days``.
-        recipe_defaults: the environment's defaults for the recipes' flags: ``"common"`` (every recipe's: e.g. its
-            tasks and the warm start's teacher, data and seeds, which the SFT recipe and the RL recipes' warm start
-            share), then by recipe kind: ``"rl"`` (the RL recipes': e.g. its continuation and anchor policies,
-            horizon, baselines), ``"sft"`` (the SFT recipe's), ``"rl/<mode>"`` for a rollout mode (e.g.
-            ``"rl/episode"``: the rewards of episode mode and the tool loop), and ``"rl:<model>"`` / ``"sft:<model>"``
-            for a named model (e.g. ``"rl:smollm2"``: sized for its CPU run).
-            The plugin's own defaults are environment-neutral: every policy is the fallback agent
-            (:data:`FALLBACK_POLICY`), continuations play to the episode's end.
+        continuation_policy: the policy that plays an episode on to its end after a decision under study: fast and
+            strong, it scores a decision by what it leads to (the planner's default; the recipes' configs name it
+            too). The plugin's own default is the fallback agent (:data:`FALLBACK_POLICY`).
     """
 
     name: str = ""
@@ -119,7 +114,7 @@ class EnvInterface:
     rate_metrics: tuple[str, ...] = ()
     reference_scores: Mapping[str, float] = MappingProxyType({})
     reference_band: tuple[str, str, float, float] | None = None
-    recipe_defaults: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
+    continuation_policy: str = FALLBACK_POLICY
 
     # Required: the environment and its text.
 

@@ -34,3 +34,17 @@ def resolutions(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(model_setup, "resolve_model", counted)
     return resolved
+
+
+def config_file(folder: Path, name: str, **settings) -> str:
+    """``recipes/configs/<name>`` with ``settings`` over its values, written into ``folder`` under the same name;
+    returns its path (for ``--config``, ``--sft_config`` or ``--report_config``)."""
+    import yaml
+
+    values = yaml.safe_load((RECIPES / "configs" / name).read_text())
+    unknown = set(settings) - set(values)
+    if unknown:
+        raise KeyError(f"{name} has no {sorted(unknown)}")
+    path = Path(folder) / name
+    path.write_text(yaml.safe_dump({**values, **settings}, sort_keys=False))
+    return str(path)

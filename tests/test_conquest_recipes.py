@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from datasets import load_from_disk
-from recipe_files import load_recipe, resolutions
+from recipe_files import config_file, load_recipe, resolutions
 
 import recruit_trl.rollout.rollout_funcs as rollout_mod
 from recruit_trl.models.loading import is_trained
@@ -18,8 +18,8 @@ from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.anchors import Anchor
 from recruit_trl.rollout.config import RolloutConfig
 from recruit_trl.rollout.rollout_funcs import BranchRollout
+from recruit_trl.workflow.configs import read_warm_start
 
-ROOT = Path(__file__).parents[1]
 CONQUEST = get_env_interface("conquest")
 LABELS = ("base", "sft", "safe", "teacher")
 COLUMNS = ("rows", "strict_json", "valid", "teacher_match", "invalid")
@@ -46,7 +46,7 @@ def test_sft_recipe_trains_on_teacher_sets_and_benchmarks(conquest_model, tmp_pa
     flags = [
         "--model_name_or_path", conquest_model, "--tasks", "duel", "--sft_train_seeds", "0", "--sft_fixed_seeds", "1",
         "--sft_heldout_seeds", "2", "--max_steps", "1", "--per_device_train_batch_size", "4",
-        "--sft_heldout_rows", "8",
+        "--sft_heldout_rows", "8", "--dagger_rounds", "0",
         "--save_strategy", "no", "--output_dir", str(tmp_path),
     ]  # fmt: skip
     report = recipe.main(*recipe.parse_args(flags))
@@ -82,7 +82,9 @@ def test_sft_recipe_trains_on_teacher_sets_and_benchmarks(conquest_model, tmp_pa
 
 
 def test_recipe_defaults_are_conquests():
-    script_args, warm, training_args, model_args = load_recipe("grpo_conquest").parse_args([])
+    script_args, training_args, model_args = load_recipe("grpo_conquest").parse_args([])
+    assert script_args.sft_config == "sft_conquest.yaml"  # the SFT recipe's own config: its warm start
+    warm = read_warm_start(script_args.sft_config, script_args, model_args).warm
     assert (script_args.env_name, script_args.tasks, warm.teacher) == ("conquest", ["classic3", "duel"], "teacher")
     assert warm.sft_data == "teacher_sets" and script_args.anchor_policy == "teacher"
     assert training_args.output_dir == "outputs/grpo_conquest" and model_args.model_name_or_path == "tiny"
@@ -90,21 +92,30 @@ def test_recipe_defaults_are_conquests():
     assert (script_args.env_name, script_args.tasks, sft_warm.teacher) == ("conquest", ["classic3", "duel"], "teacher")
     assert (sft_warm.sft_data, sft_warm.sft_heldout_seeds) == ("teacher_sets", "300-359")
     assert training_args.output_dir == "outputs/sft_conquest"
-    # The warm start's settings are one dataclass: the RL recipe's warm start trains on the SFT recipe's data.
-    assert vars(warm) == {**vars(sft_warm), "dagger_rounds": 1, "dagger_seeds": "0-7", "dagger_epochs": 0.5}
+    # The warm start's settings are one dataclass, in one file: the RL recipe's warm start is the SFT recipe's config.
+    assert vars(warm) == vars(sft_warm)
+    assert (warm.dagger_rounds, warm.dagger_seeds, warm.dagger_epochs) == (1, "0-7", 0.5)
 
 
 def test_grpo_recipe_pipeline_with_a_tiny_budget(conquest_model, tmp_path):
     """Warm start (one SFT step on the teacher sets) -> one GRPO step -> report with the sets' benchmark and the
     rollouts' win rate."""
     recipe = load_recipe("grpo_conquest")
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    sft_config = config_file(
+        configs, "sft_conquest.yaml", sft_train_seeds="0", sft_fixed_seeds="1", sft_heldout_seeds="2", max_steps=1,
+        dagger_seeds="0", sft_heldout_rows=8,
+    )  # fmt: skip
+    report_config = config_file(
+        configs, "report_conquest.yaml", eval_seeds="1000", eval_baselines=["safe"], decision_seeds="500",
+        decision_days="0-10:10", decision_rows=4,
+    )  # fmt: skip
     flags = [
         "--model_name_or_path", conquest_model, "--output_dir", str(tmp_path), "--tasks", "duel",
-        "--sft_train_seeds", "0", "--sft_fixed_seeds", "1", "--sft_heldout_seeds", "2", "--sft_max_steps", "1",
-        "--dagger_seeds", "0", "--sft_heldout_rows", "8", "--anchor_seeds", "0", "--anchor_days", "0-20:10",
-        "--per_device_train_batch_size", "4", "--num_generations", "4", "--max_steps", "1", "--horizon", "20",
-        "--eval_seeds", "1000", "--eval_baselines", "safe", "--decision_seeds", "500", "--decision_days", "0-10:10",
-        "--decision_rows", "4", "--save_strategy", "no",
+        "--sft_config", sft_config, "--report_config", report_config, "--anchor_seeds", "0",
+        "--anchor_days", "0-20:10", "--per_device_train_batch_size", "4", "--num_generations", "4", "--max_steps", "1",
+        "--horizon", "20", "--save_strategy", "no",
     ]  # fmt: skip
     trainer = recipe.main(*recipe.parse_args(flags))
     assert (tmp_path / "sft" / "model.safetensors").is_file() and (tmp_path / "model.safetensors").is_file()
@@ -118,7 +129,7 @@ def test_grpo_recipe_pipeline_with_a_tiny_budget(conquest_model, tmp_path):
     for split in ("fixed", "heldout"):
         tables = sets["benchmark"][split]
         assert set(tables) == {"base", "sft", "grpo", "teacher", "safe"}
-        assert all(t["rows"] == 8 for t in tables.values())  # --sft_heldout_rows of each set
+        assert all(t["rows"] == 8 for t in tables.values())  # the SFT config's sft_heldout_rows of each set
         assert tables["teacher"]["teacher_match"] == 1.0
         for label in ("base", "sft", "grpo"):
             assert set(tables[label]) >= {*COLUMNS, "teacher_match_constrained"}
@@ -175,23 +186,3 @@ def test_branch_rollout_logs_the_share_of_rows_whose_game_is_won(conquest_model,
     clinical.log_metrics(trainer, [{"valid": 1.0, "action_error": None, "action_type": "recontact"}], 1.0, 4, 1)
     rates = {k for k in logged if k.endswith("_rate")}
     assert rates == {"rollout/fallback_rate", "rollout/invalid_action_rate"}  # the clinical game has no rate metrics
-
-
-@pytest.mark.parametrize(("name", "kind"), [("grpo_conquest", "rl"), ("sft_conquest", "sft")])
-def test_yaml_configs_parse_and_every_key_reaches_the_arguments(name, kind):
-    """The example YAML of each conquest recipe parses, every key it sets has its value in the parsed arguments, and
-    it repeats none of the game's defaults (they live in one place: env/conquest/training_defaults.py; every recipe's
-    YAML: tests/test_parsed_arguments.py)."""
-    import yaml
-
-    from env.conquest.training_defaults import RECIPE_DEFAULTS
-
-    recipe = load_recipe(name)
-    path = ROOT / "recipes" / f"{name}.yaml"
-    values = {k: v for args in recipe.parse_args(["--config", str(path)]) for k, v in vars(args).items()}
-    written = yaml.safe_load(path.read_text())
-    for key, value in written.items():
-        assert values[key] == value, key
-    game = {**RECIPE_DEFAULTS["common"], **RECIPE_DEFAULTS[kind]}
-    repeated = {k for k, v in written.items() if game.get(k, object()) == v}
-    assert not repeated, f"{path.name} repeats the game's defaults {sorted(repeated)}"

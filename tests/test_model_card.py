@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from recipe_files import load_recipe
+from recipe_files import config_file, load_recipe
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -13,9 +13,12 @@ def test_the_sft_and_rl_folders_get_our_model_card_and_its_usage_example_runs(wa
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", "--save_strategy", "no",
         "--tasks", "hard_bench_stage_30", "--anchor_seeds", "100", "--anchor_days", "0-20:10", "--horizon", "3",
         "--per_device_train_batch_size", "8", "--num_generations", "4",
-        "--teacher", "safe", "--sft_full_finetune", "false", "--sft_train_seeds", "300", "--sft_heldout_seeds", "401",
-        "--sft_max_steps", "1", "--dagger_rounds", "0",
-        "--eval_seeds", "0-1", "--eval_baselines", "heuristic", "--eval_decisions", "false",
+        "--use_peft", "true",
+        "--sft_config", config_file(tmp_path, "sft_clinical.yaml", teacher="safe", use_peft=True,
+                                    sft_train_seeds="300", sft_heldout_seeds="401", max_steps=1, dagger_rounds=0,
+                                    learning_rate=1e-3),
+        "--report_config", config_file(tmp_path, "report_clinical.yaml", eval_seeds="0-1",
+                                       eval_baselines=["heuristic"], eval_decisions=False),
     ]  # fmt: skip
     recipe.main(*recipe.parse_args(flags))
     for folder, stage in ((tmp_path, "### 2. RL: `RecruitGRPOTrainer`"), (tmp_path / "sft", "### 1. SFT")):

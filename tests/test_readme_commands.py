@@ -52,7 +52,7 @@ COVERAGE = {
     r"accelerate launch recipes/grpo_clinical\.py( \[flags\])?": "run",
     r"accelerate launch --config_file accelerate_configs/\S+\.yaml .*recipes/grpo_clinical\.py.*": "gpu",
     r"accelerate launch recipes/reinforce_clinical\.py": "run",
-    r"accelerate launch recipes/grpo_clinical\.py --model_name_or_path smollm2( --decision_seeds \S+)?": (
+    r"accelerate launch recipes/grpo_clinical\.py --config grpo_clinical_smollm2\.yaml": (
         "tests/test_recipes.py::test_smollm2_trains_one_lora_sft_step_and_one_lora_grpo_step"
     ),
     r"bash recipes/gpu_check\.sh( --dry_run)?": "tests/test_gpu_check.py::test_gpu_check_dry_run_writes_measurements",
@@ -134,7 +134,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH"
 def test_accelerate_launch_recipe(recipe, warm_model, tmp_path):
     (command,) = {c.replace(" [flags]", "") for c in commands_matching(f"accelerate launch recipes/{recipe}.py")}
     argv = [*shlex.split(command), "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), *TINY]
-    run([*argv, "--max_steps", "1", "--warm_start", "none", "--report", "false"], cwd=ROOT, env=ENV)
+    run([*argv, "--max_steps", "1", "--sft_config", "none", "--report_config", "none", "--use_peft", "true"], cwd=ROOT,
+        env=ENV)  # fmt: skip
     assert (tmp_path / "adapter_config.json").is_file()
 
 
@@ -149,7 +150,7 @@ def test_gpu_commands_parse_and_their_configs_load():
         config = yaml.safe_load((ROOT / argv[argv.index("--config_file") + 1]).read_text())
         assert config["compute_environment"] == "LOCAL_MACHINE"
         recipe_argv = argv[argv.index("recipes/grpo_clinical.py") + 1 :]
-        _, _, training_args, model_args = grpo_clinical.parse_args(recipe_argv)
+        _, training_args, model_args = grpo_clinical.parse_args(recipe_argv)
         assert model_args.model_name_or_path == "Qwen/Qwen3-4B"
         assert training_args.bf16
 

@@ -1,5 +1,6 @@
 """Every recipe value is checked while the arguments are parsed, before any model is built: a user's mistake is one
-``error:`` line naming the flag, and exit status 2, without a traceback."""
+``error:`` line naming the flag, and exit status 2, without a traceback; in a config file an RL recipe names
+(``--sft_config``, ``--report_config``) too."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from recipe_files import load_recipe
+from recipe_files import config_file, load_recipe
 
+from recruit_trl.workflow.configs import read_report_config, read_warm_start
 from recruit_trl.workflow.parsing import parse_or_exit
 
 ROOT = Path(__file__).parents[1]
@@ -31,6 +33,29 @@ TWO_REWARDS = ["--reward_weights", "1", "1", "--reward_funcs", "final_score_rewa
     ids=["zero-generations", "unknown-env", "unknown-mode", "unknown-task", "unknown-teacher", "not-an-int"],
 )
 def test_a_bad_value_is_one_error_line_and_exit_status_2(tmp_path, recipe, flags, named):
+    refused_on_one_line(tmp_path, recipe, flags, named)
+
+
+@pytest.mark.parametrize(
+    ("option", "name", "settings", "named"),
+    [
+        ("--report_config", "report_clinical.yaml", {"eval_top_p": 0.0}, "--eval_top_p must be in (0, 1], not 0.0"),
+        ("--sft_config", "sft_clinical.yaml", {"dagger_rounds": -1}, "--dagger_rounds must be >= 0, not -1"),
+        ("--config", "grpo_clinical.yaml", {"num_generations": 0}, "--num_generations must be >= 2"),
+    ],
+    ids=["report-config", "sft-config", "config"],
+)
+def test_a_bad_value_in_a_config_file_is_one_error_line_and_exit_status_2(tmp_path, option, name, settings, named):
+    """The RL recipe reads the config files its command line names while it parses: a bad value in one is refused as
+    a flag's is, the file named on the line."""
+    config = config_file(tmp_path, name, **settings)
+    line = refused_on_one_line(tmp_path, "grpo_clinical", [option, config], named)
+    assert option == "--config" or config in line
+
+
+def refused_on_one_line(tmp_path: Path, recipe: str, flags: list[str], named: str) -> str:
+    """``recipes/<recipe>.py flags`` run as a script: exit status 2 and one ``error:`` line naming ``named``, no
+    traceback, nothing written; returns the line."""
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "recipes" / f"{recipe}.py"), "--output_dir", str(out), *flags],
@@ -41,6 +66,7 @@ def test_a_bad_value_is_one_error_line_and_exit_status_2(tmp_path, recipe, flags
     assert len(lines) == 1 and lines[0].startswith(f"{recipe}.py: error: ") and named in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert not out.exists()  # stopped before anything was built or written
+    return lines[0]
 
 
 @pytest.mark.parametrize(
@@ -53,18 +79,10 @@ def test_a_bad_value_is_one_error_line_and_exit_status_2(tmp_path, recipe, flags
         (["--temperature", "0"], r"--temperature must be > 0"),
         (["--anchor_seeds", "7-3"], r"--anchor_seeds: bad range '7-3'"),
         (["--anchor_days", ""], r"--anchor_days names no value"),
-        (["--eval_seeds", "0-x"], r"--eval_seeds: bad range '0-x'"),
-        (["--sft_train_seeds", "a"], r"--sft_train_seeds: bad range 'a'"),
-        (["--sft_epsilon", "2"], r"--sft_epsilon must be in \[0, 1\], not 2.0"),
-        (["--sft_max_type_fraction", "0"], r"--sft_max_type_fraction must be in \(0, 1\]"),
-        (["--dagger_rounds", "-1"], r"--dagger_rounds must be >= 0, not -1"),
-        (["--sft_batch_size", "0"], r"--sft_batch_size must be >= 1, not 0"),
-        (["--eval_top_p", "0"], r"--eval_top_p must be in \(0, 1\], not 0.0"),
         (["--anchor_policy", "nobody"], r"--anchor_policy: Unknown policy: 'nobody'"),
         (["--continuation_policy", "nobody"], r"--continuation_policy: Unknown policy: 'nobody'"),
-        (["--eval_baselines", "heuristic", "nobody"], r"--eval_baselines: Unknown policy: 'nobody'"),
         (["--anchor_tasks", "easy"], r"--anchor_tasks: unknown task\(s\) \['easy'\]"),
-        (["--load_in_4bit", "--rl_full_finetune", "true"], r"quantised model .* drop --rl_full_finetune true"),
+        (["--load_in_4bit", "--rl_full_finetune", "true"], r"--rl_full_finetune was replaced by .*--use_peft"),
         (["--load_in_4bit", "--use_peft", "false"], r"quantised model .* drop --use_peft false"),
         (["--mode", "window"], r"--mode window was removed: use --mode branch\|episode, or TRL's tool loop"),
         (["--window_turns", "2"], r"--window_turns was removed with window mode: use --mode branch\|episode"),
@@ -78,6 +96,38 @@ def test_the_rl_recipe_refuses_a_bad_value_while_parsing(tmp_path, flags, named)
     recipe = load_recipe("grpo_clinical")
     with pytest.raises(ValueError, match=named):
         recipe.parse_args(["--output_dir", str(tmp_path / "out"), *flags])
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "settings", "flags", "named"),
+    [
+        ("report_clinical.yaml", {"eval_seeds": "0-x"}, [], r"--eval_seeds: bad range '0-x'"),
+        ("report_clinical.yaml", {"eval_top_p": 0.0}, [], r"--eval_top_p must be in \(0, 1\], not 0.0"),
+        ("report_clinical.yaml", {"eval_baselines": ["heuristic", "nobody"]}, [],
+         r"--eval_baselines: Unknown policy: 'nobody'"),
+        ("sft_clinical.yaml", {"sft_train_seeds": "a"}, [], r"--sft_train_seeds: bad range 'a'"),
+        ("sft_clinical.yaml", {"sft_epsilon": 2.0}, [], r"--sft_epsilon must be in \[0, 1\], not 2.0"),
+        ("sft_clinical.yaml", {"sft_max_type_fraction": 0.0}, [], r"--sft_max_type_fraction must be in \(0, 1\]"),
+        ("sft_clinical.yaml", {"dagger_rounds": -1}, [], r"--dagger_rounds must be >= 0, not -1"),
+        ("sft_clinical.yaml", {"teacher": "nobody"}, [], r"--teacher: Unknown policy: 'nobody'"),
+        ("sft_clinical.yaml", {"use_peft": False}, ["--load_in_4bit", "--use_peft", "true"],
+         r"quantised model .* drop use_peft: false in --sft_config"),
+        ("sft_clinical.yaml", {"per_device_train_batch_size": 0}, [], r"per_device_train_batch_size must be >= 1"),
+        ("sft_clinical.yaml", {"learning_rate": -1.0}, [], r"learning_rate must be > 0"),
+    ],
+    ids=["eval-seeds", "eval-top-p", "eval-baselines", "sft-train-seeds", "sft-epsilon", "sft-max-type-fraction",
+         "dagger-rounds", "teacher", "quantised-full-warm-start", "sft-batch-size", "sft-learning-rate"],
+)  # fmt: skip
+def test_the_rl_recipe_refuses_a_bad_value_of_its_sft_or_report_config_while_parsing(tmp_path, name, settings, flags,
+                                                                                      named):  # fmt: skip
+    """The warm start's and the report's settings, in the config files ``--sft_config`` and ``--report_config``
+    name, are checked as the RL recipe parses, each with its flag's message."""
+    recipe = load_recipe("grpo_clinical")
+    option = "--report_config" if name.startswith("report_") else "--sft_config"
+    config = config_file(tmp_path, name, **settings)
+    with pytest.raises(ValueError, match=named):
+        recipe.parse_args(["--output_dir", str(tmp_path / "out"), *flags, option, config])
     assert not (tmp_path / "out").exists()
 
 
@@ -100,21 +150,23 @@ def test_use_vllm_is_checked_while_parsing(tmp_path):
 
 def test_good_values_still_parse(tmp_path):
     """What the checks let through: an anchor policy that is no environment policy, a model as a baseline, the
-    stage variants of a task, a quantised LoRA run."""
+    stage variants of a task, a quantised LoRA run (LoRA adapters in both stages, where the tiny model's configs
+    train every weight)."""
     recipe = load_recipe("grpo_clinical")
-    script_args, _, training_args, model_args = recipe.parse_args([
-        "--output_dir", str(tmp_path), "--anchor_policy", "student", "--eval_baselines", "expert", "model:/a/folder",
+    report = config_file(tmp_path, "report_clinical.yaml", eval_baselines=["expert", "model:/a/folder"])
+    sft = config_file(tmp_path, "sft_clinical.yaml", use_peft=True)
+    script_args, training_args, model_args = recipe.parse_args([
+        "--output_dir", str(tmp_path / "out"), "--anchor_policy", "student", "--report_config", report,
         "--tasks", "hard_bench_stage_30", "--num_generations", "4", "--per_device_train_batch_size", "8",
-        "--load_in_4bit", "--temperature", "0.7",
+        "--load_in_4bit", "--use_peft", "true", "--sft_config", sft, "--temperature", "0.7",
     ])  # fmt: skip
     assert (script_args.anchor_policy, script_args.tasks, training_args.num_generations) == (
         "student", ["hard_bench_stage_30"], 4
     )  # fmt: skip
     assert model_args.load_in_4bit and training_args.activation_checkpointing is False
-    # the tiny model quantised: LoRA adapters in both stages (its full fine-tuning defaults do not apply)
-    assert (script_args.sft_full_finetune, script_args.rl_full_finetune, script_args.eval_episodes) == (
-        False, False, True
-    )  # fmt: skip
+    warm_start, report_args = read_warm_start(sft, script_args, model_args), read_report_config(report)
+    assert (model_args.use_peft, warm_start.model.use_peft, report_args.eval_episodes) == (True, True, True)
+    assert report_args.eval_baselines == ["expert", "model:/a/folder"]
 
 
 def test_the_sft_and_tool_loop_recipes_check_their_values_too(tmp_path):
@@ -143,16 +195,3 @@ def test_parse_or_exit_prints_one_line_and_exits_2(capsys, monkeypatch):
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == "grpo_clinical.py: error: --flag must be >= 1, not 0\n"
     assert parse_or_exit(lambda: ("parsed",)) == ("parsed",)
-
-
-def test_each_mode_takes_the_environments_own_rewards():
-    """conquest declares its episode-mode rewards (recipe_defaults["rl/episode"]): the win and the change of its
-    potential; branch mode keeps the plugin's (the final score and format), and so does clinical in every mode."""
-    conquest = load_recipe("grpo_conquest")
-    branch, _, branch_training, _ = conquest.parse_args([])
-    assert (branch.reward_funcs, branch_training.reward_weights) == (["final_score_reward", "format_reward"], [1, 0.5])
-    episode, _, episode_training, _ = conquest.parse_args(["--mode", "episode"])
-    assert (episode.reward_funcs, episode_training.reward_weights) == (["win_reward", "potential_reward"], [1.0, 1.0])
-    clinical, _, clinical_training, _ = load_recipe("grpo_clinical").parse_args(["--mode", "episode"])
-    assert (clinical.reward_funcs, clinical_training.reward_weights) == (["final_score_reward", "format_reward"],
-                                                                         [1.0, 0.5])  # fmt: skip

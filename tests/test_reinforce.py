@@ -15,7 +15,7 @@ ROOT = Path(__file__).parents[1]
 SMALL = [
     "--anchor_seeds", "100", "--anchor_days", "0-60:20", "--tasks", "easy_bench", "hard_bench",
     "--per_device_train_batch_size", "16", "--num_generations", "4", "--save_strategy", "no", "--horizon", "4",
-    "--warm_start", "none", "--report", "false",
+    "--sft_config", "none", "--report_config", "none", "--use_peft", "true",
     "--reward_funcs", "env_return_reward", "format_reward", "--reward_weights", "1.0", "1.0",
 ]  # fmt: skip
 

@@ -383,17 +383,20 @@ def test_teacher_match_reward_needs_a_teacher():
     )
 
 
-@pytest.mark.parametrize("flag", ["sft_full_finetune", "rl_full_finetune", "eval_episodes"])
-def test_model_dependent_choices_are_booleans(flag, capsys):
-    """``--sft_full_finetune`` and the like: false unless set (the tiny model's true comes from the recipes'
-    defaults, tests/test_parsed_arguments.py), true or false; anything else stops the parser with a message naming
-    the flag."""
-    from recruit_trl.workflow.arguments import ScriptArguments
+@pytest.mark.parametrize(
+    ("settings", "flag"),
+    [("ScriptArguments", "shuffle_advantages"), ("ReportArguments", "eval_episodes"),
+     ("WarmStartArguments", "sft_token_metrics")],
+)  # fmt: skip
+def test_on_off_settings_are_booleans(settings, flag, capsys):
+    """A setting that turns something on or off is false or true as given (the configs in recipes/configs write
+    each), and anything else stops the parser with a message naming the flag."""
+    import recruit_trl.workflow.arguments as arguments
 
-    parse = TrlParser((ScriptArguments,)).parse_args_and_config
-    assert getattr(parse(["--env", "clinical"])[0], flag) is False
-    assert getattr(parse(["--env", "clinical", f"--{flag}", "False"])[0], flag) is False
-    assert getattr(parse(["--env", "clinical", f"--{flag}", "true"])[0], flag) is True
+    parse = TrlParser((getattr(arguments, settings),)).parse_args_and_config
+    env = ["--env", "clinical"] if settings == "ScriptArguments" else []
+    assert getattr(parse([*env, f"--{flag}", "False"])[0], flag) is False
+    assert getattr(parse([*env, f"--{flag}", "true"])[0], flag) is True
     with pytest.raises(SystemExit):
-        parse(["--env", "clinical", f"--{flag}", "maybe"])
+        parse([*env, f"--{flag}", "maybe"])
     assert f"--{flag}" in capsys.readouterr().err

@@ -1,12 +1,12 @@
 """SFT data and settings: action-type balancing, seed-split datasets in the rollout rendering, held-out report, and
-the warm start's flags declared once for both recipes."""
+the warm start's settings declared once for both recipes."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 import pytest
-from recipe_files import load_recipe
+from recipe_files import config_file, load_recipe
 
 import env.clinical.agent  # noqa: F401
 from recruit_trl.protocol import get_env_interface
@@ -110,21 +110,27 @@ def test_heldout_report_breaks_the_teacher_match_down_by_task_and_action_type(wa
     assert matched == pytest.approx(report["teacher_match"] * report["rows"], abs=1e-2)
 
 
-def test_the_warm_start_settings_are_one_dataclass_that_every_recipe_parses():
+def test_the_warm_start_settings_are_one_dataclass_that_every_recipe_parses(tmp_path):
     """The SFT recipes and the RL recipes' warm start parse the same :class:`WarmStartArguments` (one field, one
-    default each, under the same flag), beside their own dataclass, which repeats none of its fields; its values are
-    checked at start-up, under either recipe."""
+    default each), beside their own dataclass, which repeats none of its fields: the SFT recipe from its command line
+    and config, the RL recipe's warm start from the SFT config ``--sft_config`` names; its values are checked at
+    start-up, under either recipe."""
     from dataclasses import fields
 
     from recruit_trl.workflow.arguments import ScriptArguments, SFTScriptArguments, WarmStartArguments
+    from recruit_trl.workflow.configs import read_warm_start
 
     warm = {f.name for f in fields(WarmStartArguments)}
     for own in (ScriptArguments, SFTScriptArguments):
         assert not warm & {f.name for f in fields(own)}, own
-    for recipe, own in (("sft_clinical", SFTScriptArguments), ("grpo_clinical", ScriptArguments)):
-        parsed = load_recipe(recipe).parse_args(["--sft_train_seeds", "300-301", "--dagger_rounds", "2"])
-        assert isinstance(parsed[0], own) and isinstance(parsed[1], WarmStartArguments)
-        assert (parsed[1].sft_train_seeds, parsed[1].dagger_rounds) == ("300-301", 2)
+    parsed = load_recipe("sft_clinical").parse_args(["--sft_train_seeds", "300-301", "--dagger_rounds", "2"])
+    assert isinstance(parsed[0], SFTScriptArguments) and isinstance(parsed[1], WarmStartArguments)
+    assert (parsed[1].sft_train_seeds, parsed[1].dagger_rounds) == ("300-301", 2)
+    sft_config = config_file(tmp_path, "sft_clinical.yaml", sft_train_seeds="300-301", dagger_rounds=2)
+    script_args, _, model_args = load_recipe("grpo_clinical").parse_args(["--sft_config", sft_config])
+    assert isinstance(script_args, ScriptArguments)
+    warm_start = read_warm_start(script_args.sft_config, script_args, model_args).warm
+    assert isinstance(warm_start, WarmStartArguments) and vars(warm_start) == vars(parsed[1])
     with pytest.raises(ValueError, match="--sft_data must be one of"):
         WarmStartArguments(sft_data="rows")
     with pytest.raises(ValueError, match=r"--sft_epsilon must be in \[0, 1\]"):

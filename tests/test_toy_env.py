@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import recruit_trl.rollout.rollout_funcs as rollout_mod
-from recruit_trl.protocol import get_env_interface
+from recruit_trl.protocol import FALLBACK_POLICY, get_env_interface
 from recruit_trl.rollout.anchors import Anchor
 from recruit_trl.rollout.config import RolloutConfig
 from recruit_trl.rollout.rollout_funcs import make_rollout
@@ -123,21 +123,42 @@ def test_a_planner_that_reads_the_live_environment_continues_branches(toy, monke
     assert out["valid"] == [1.0] and out["action_type"] == ["right"]
 
 
+def toy_configs(folder: Path, rl: dict, sft: dict, report: dict) -> str:
+    """The toy walk's configs, written into ``folder``: the clinical recipe's, its warm start's and its report's with
+    the walk as the environment and its fallback agent as every policy (the toy names no teacher, anchor,
+    continuation or baseline policy of its own), ``rl``, ``sft`` and ``report`` over them; the RL config's path."""
+    from recipe_files import config_file
+
+    folder.mkdir()
+    fallback = FALLBACK_POLICY
+    sft_config = config_file(folder, "sft_clinical.yaml", env_name=ENV, teacher=fallback, **sft)
+    report_config = config_file(folder, "report_clinical.yaml", eval_baselines=[fallback], **report)
+    return config_file(
+        folder, "grpo_clinical.yaml", env_name=ENV, anchor_policy=fallback, continuation_policy=fallback,
+        sft_config=sft_config, report_config=report_config, **rl,
+    )  # fmt: skip
+
+
 def test_the_toy_environment_trains_through_the_recipes(warm_model, tmp_path):
     """One SFT step and one GRPO step on the toy walk through recipes/grpo_clinical.py's code paths, then its
-    decision-level report: nothing in recruit_trl/ knows the walk. The environment is the only flag that says what to
-    play (the rest size the run): the toy names no teacher, anchor, continuation or baseline policy, so its fallback
-    agent plays them all."""
+    decision-level report: nothing in recruit_trl/ knows the walk. Its configs name the environment and its fallback
+    agent for every policy; the rest size the run."""
     from recipe_files import load_recipe
 
     recipe = load_recipe("grpo_clinical")
+    # The warm start: a LoRA adapter (at LoRA's learning rate) on every teacher row (no cap: the walk has few actions).
+    config = toy_configs(
+        tmp_path / "configs",
+        rl={"tasks": ["near", "far"]},
+        sft={"sft_train_seeds": "300-301", "sft_heldout_seeds": "400", "max_steps": 1, "dagger_rounds": 0,
+             "use_peft": True, "learning_rate": 1e-3, "sft_max_type_fraction": 1.0},
+        report={"eval_episodes": True, "eval_seeds": "0-1", "decision_seeds": "500-501", "decision_days": "0-6:3",
+                "decision_rows": 8},
+    )  # fmt: skip
     flags = [
-        "--env", ENV, "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1",
-        "--tasks", "near", "far", "--anchor_seeds", "100", "--anchor_days", "0-6:3", "--sft_train_seeds", "300-301",
-        "--sft_heldout_seeds", "400", "--sft_max_steps", "1", "--dagger_rounds", "0", "--sft_full_finetune", "false",
+        "--config", config, "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1",
+        "--anchor_seeds", "100", "--anchor_days", "0-6:3",
         "--per_device_train_batch_size", "8", "--num_generations", "4", "--save_strategy", "no",
-        "--eval_episodes", "true", "--eval_seeds", "0-1",
-        "--decision_seeds", "500-501", "--decision_days", "0-6:3", "--decision_rows", "8",
     ]  # fmt: skip
     trainer = recipe.main(*recipe.parse_args(flags))
     assert trainer.state.global_step == 1
@@ -157,9 +178,10 @@ def test_a_reward_function_of_the_environments_own_module_trains_by_dotted_path(
     recipe = load_recipe("grpo_clinical")
     flags = [
         "--env", ENV, "--model_name_or_path", warm_model, "--output_dir", str(tmp_path), "--max_steps", "1",
-        "--tasks", "near", "far", "--anchor_seeds", "100", "--anchor_days", "0-6:3", "--warm_start", "none",
-        "--per_device_train_batch_size", "8", "--num_generations", "4", "--save_strategy", "no", "--report", "false",
-        "--horizon", "2", "--reward_funcs", "tests.toy_env:closer_reward", "format_reward",
+        "--tasks", "near", "far", "--anchor_seeds", "100", "--anchor_days", "0-6:3", "--sft_config", "none",
+        "--anchor_policy", FALLBACK_POLICY, "--continuation_policy", FALLBACK_POLICY, "--use_peft", "true",
+        "--per_device_train_batch_size", "8", "--num_generations", "4", "--save_strategy", "no",
+        "--report_config", "none", "--horizon", "2", "--reward_funcs", "tests.toy_env:closer_reward", "format_reward",
         "--reward_weights", "1.0", "0.5",
     ]  # fmt: skip
     trainer = recipe.main(*recipe.parse_args(flags))

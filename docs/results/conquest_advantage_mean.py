@@ -1,9 +1,9 @@
 """The mean of episode mode's advantages over the decisions of a group, with and without a win in it.
 
 Plays 2 groups of 8 duel games (reset seeds 10-15, three calls) with the model at PATH sampled at temperature 0.5,
-as episode mode does with conquest's episode-mode rewards (its ``recipe_defaults["rl/episode"]``: the win and the
-change of the potential), and prints per group the wins, the mean and the mean absolute advantage per decision for the
-(episode, step) weights (1, 1), (1, 0) and (0, 1).
+as episode mode does with conquest's episode rewards (``win_reward`` and ``potential_reward``, weights 1 and 1: the
+win and the change of the potential), and prints per group the wins, the mean and the mean absolute advantage per
+decision for the (episode, step) weights (1, 1), (1, 0) and (0, 1).
 
 usage: python docs/results/conquest_advantage_mean.py PATH
 """
@@ -14,7 +14,6 @@ import sys
 from transformers import GenerationConfig
 
 from recruit_trl.models.loading import load_for_inference
-from recruit_trl.protocol import get_env_interface
 from recruit_trl.rollout.advantages import AdvantageWeights, decision_advantages
 from recruit_trl.rollout.anchors import Anchor
 from recruit_trl.rollout.config import RolloutConfig
@@ -22,7 +21,7 @@ from recruit_trl.rollout.rollout_funcs import EpisodeRollout
 from rewards import get_reward_funcs
 
 model, tokenizer = load_for_inference(sys.argv[1], {})
-rewards = get_env_interface("conquest").recipe_defaults["rl/episode"]
+rewards = {"reward_funcs": ["win_reward", "potential_reward"], "reward_weights": [1.0, 1.0]}
 rollout = EpisodeRollout(
     RolloutConfig(env_name="conquest", mode="episode", continuation_policy="teacher"),
     reward_funcs=get_reward_funcs(rewards["reward_funcs"]),

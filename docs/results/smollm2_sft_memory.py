@@ -1,5 +1,5 @@
 """Peak memory and time of a few SmolLM2-135M LoRA SFT steps on the conquest teacher rows: ``recipes/sft_conquest.py
---model_name_or_path smollm2`` without its benchmark.
+--config sft_conquest_smollm2.yaml`` without its benchmark.
 
     python docs/results/smollm2_sft_memory.py --output_dir outputs/smollm2_memory
     python docs/results/smollm2_sft_memory.py --output_dir outputs/smollm2_memory_ckpt --gradient_checkpointing true
@@ -18,7 +18,7 @@ import sft_conquest  # noqa: E402
 
 if __name__ == "__main__":
     sft_conquest.benchmark_sft = lambda *args: args[-1]  # training only: the report, unbenchmarked
-    argv = ["--model_name_or_path", "smollm2", "--max_steps", "3", "--save_steps", "1000", *sys.argv[1:]]
+    argv = ["--config", "sft_conquest_smollm2.yaml", "--max_steps", "3", "--save_steps", "1000", *sys.argv[1:]]
     start = time.time()
     sft_conquest.main(*sft_conquest.parse_args(argv))
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2

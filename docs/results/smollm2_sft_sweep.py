@@ -23,15 +23,15 @@ out = f"outputs/sft_sweep/{label}"
 t0 = time.perf_counter()
 args = sft_clinical.parse_args(
     [
-        "--model_name_or_path",
-        "smollm2",
-        "--teacher",
-        "expert",
-        "--train_seeds",
+        "--config",
+        "sft_clinical_smollm2.yaml",
+        "--dagger_rounds",
+        "0",
+        "--sft_train_seeds",
         seeds,
-        "--heldout_seeds",
+        "--sft_heldout_seeds",
         "400",
-        "--heldout_rows",
+        "--sft_heldout_rows",
         "32",
         "--max_steps",
         steps,

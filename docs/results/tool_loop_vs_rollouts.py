@@ -59,7 +59,10 @@ CASES = {
         "branch": ["--anchor_policy", "teacher", "--anchor_seeds", "0-3", "--anchor_days", "0-30:10",
                    "--continuation_policy", "teacher", "--horizon", "5000"],
         "episode": ["--anchor_policy", "teacher", "--anchor_seeds", "0-3", "--anchor_days", "0",
-                    "--continuation_policy", "teacher", "--horizon", "5000", "--episode_groups", "2"],
+                    "--continuation_policy", "teacher", "--horizon", "5000", "--episode_groups", "2",
+                    "--reward_funcs", "win_reward", "potential_reward", "--reward_weights", "1.0", "1.0"],
+        # the tool loop's rewards: the game's episode rewards (its config's)
+        "rewards": ["--reward_funcs", "win_reward", "potential_reward", "--reward_weights", "1.0", "1.0"],
     },
     "clinical": {
         "task": "easy_bench",
@@ -67,6 +70,7 @@ CASES = {
         "policy": "grader_heuristic",
         "branch": ["--anchor_seeds", "100-103", "--anchor_days", "0-150:50"],
         "episode": ["--anchor_seeds", "100-103", "--anchor_days", "0", "--episode_groups", "2"],
+        "rewards": ["--reward_funcs", "final_score_reward", "format_reward", "--reward_weights", "1.0", "0.5"],
     },
 }  # fmt: skip
 CONTEXTS = {"tiny": 2048, "smollm2": 8192}
@@ -115,7 +119,7 @@ def tool_loop(name: str, case: dict, model: str, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
         args = recipe.parse_args([
             "--env", name, "--tasks", case["task"], "--tiny_tasks", *case["tiny_tasks"], "--model_name_or_path", model,
-            "--max_steps", str(steps), "--output_dir", out, *COMMON,
+            "--max_steps", str(steps), "--output_dir", out, *COMMON, *case["rewards"],
         ])  # fmt: skip
         start = time.perf_counter()
         trainer = recipe.main(*args, trainer_cls=RecordingTrainer)

@@ -42,7 +42,6 @@ from env.clinical.heuristic import MEMORY_KEY, consent_expiry, p_allocate, targe
 from env.clinical.models import ACTION_TYPES
 from env.clinical.policies import get_policy, register_policy
 from env.clinical.tasks import ALL_TASKS, PUBLIC_TASK_IDS, TASKS, get_task
-from env.clinical.training_defaults import RECIPE_DEFAULTS
 from env.clinical.world import curriculum_windows, hold_days, scheduled_dropout_days
 from recruit_trl.protocol import FALLBACK_POLICY, EnvInterface
 
@@ -143,7 +142,7 @@ class ClinicalInterface(EnvInterface):
     """:class:`recruit_trl.protocol.EnvInterface` for the clinical recruitment environment."""
 
     name = "clinical"
-    recipe_defaults = RECIPE_DEFAULTS
+    continuation_policy = "grader_heuristic"
     system_prompt = SYSTEM_PROMPT
     reward_fields = REWARD_FIELDS
     terminal_action_types = frozenset({"stop_recruitment"})

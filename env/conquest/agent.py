@@ -44,7 +44,6 @@ from env.conquest.board import CODES, INDEX
 from env.conquest.core import ConquestEnv
 from env.conquest.policies import ConquestPolicy, get_policy
 from env.conquest.tasks import TASKS
-from env.conquest.training_defaults import RECIPE_DEFAULTS
 from recruit_trl.protocol import FALLBACK_POLICY, EnvInterface
 
 REWARD_FIELDS = ("territory", "continent", "elimination", "invalid", "outcome")
@@ -167,7 +166,7 @@ class ConquestInterface(EnvInterface):
     """:class:`recruit_trl.protocol.EnvInterface` for the conquest board game."""
 
     name = "conquest"
-    recipe_defaults = RECIPE_DEFAULTS
+    continuation_policy = "teacher"
     system_prompt = SYSTEM_PROMPT
     reward_fields = REWARD_FIELDS
     terminal_action_types: frozenset[str] = frozenset()  # only the game ends the game

@@ -1,11 +1,12 @@
 """Training-loop benchmark: a few GRPO optimizer steps with recruit_trl's rollouts, and their cost figures.
 
 Usage: ``python -m recruit_trl.tools.bench_rollout [--steps 6] [--json FILE] [flags]``, where the flags are those of
-the GRPO recipe (``recipes/grpo_clinical.py``): ``ScriptArguments``, ``GRPOConfig`` and ``ModelConfig`` through
-``TrlParser``, with the same CPU and model defaults (e.g. ``--mode episode``, ``--model_name_or_path``,
-``--num_generations``). It trains the base model (a fresh LoRA adapter unless ``--use_peft false``) on the anchors,
-with no warm start and no final evaluation: ``--warm_start none --report false`` are the defaults here, and asking
-for either is an error. ``--steps`` sets ``--max_steps``; nothing is saved.
+the GRPO recipes' (``ScriptArguments``, ``GRPOConfig`` and ``ModelConfig`` through ``TrlParser``, e.g. ``--mode
+episode``, ``--model_name_or_path``, ``--num_generations``), over the environment's GRPO config
+(``recipes/configs/grpo_<env>.yaml``, the environment named by ``--env``; ``--config`` names another). It trains the
+base model (a fresh LoRA adapter unless ``--use_peft false``) on the anchors, with no warm start and no final
+evaluation: ``--sft_config none --report_config none`` are set here, and asking for either is an error.
+``--steps`` sets ``--max_steps``; nothing is saved.
 
 Reported (medians over the steps after the first, which pays for warm-up and anchor replay):
 seconds per optimizer step, decisions the policy played and decisions trained on per second of a step (one rollout
@@ -36,8 +37,8 @@ from dataclasses import dataclass, field
 from recruit_trl.files import write_json_atomic
 from recruit_trl.models.loading import keep_4bit_layers_trainable
 from recruit_trl.workflow.anchor_data import make_anchor_dataset
-from recruit_trl.workflow.arguments import ScriptArguments, WarmStartArguments, check_vllm_arguments
-from recruit_trl.workflow.defaults import recipe_defaults
+from recruit_trl.workflow.arguments import NONE, ScriptArguments, check_vllm_arguments
+from recruit_trl.workflow.configs import env_named, parse_recipe
 from recruit_trl.workflow.model_setup import model_init_kwargs, setup_run
 
 FIGURES = {
@@ -128,21 +129,22 @@ def baseline_paths():
 
 def parse_args(argv: list[str] | None = None):
     """``(BenchArguments, ScriptArguments, GRPOConfig, ModelConfig)`` from the command line, parsed like the GRPO
-    recipe's (``--config file.yaml`` included) with its CPU and model defaults, and no warm start or report (the
-    warm start's settings, :class:`~recruit_trl.workflow.arguments.WarmStartArguments`, are parsed as the recipe's
-    and unused).
+    recipe's, from the environment's GRPO config (``recipes/configs/grpo_<env>.yaml``, ``--config`` names another),
+    with a fresh LoRA adapter on the base model (``--use_peft false``: every weight), no warm start and no report.
 
     Raises:
         ValueError: when the flags ask for a warm start, an SFT adapter or a report.
     """
-    from trl import GRPOConfig, ModelConfig, TrlParser
+    from trl import GRPOConfig, ModelConfig
 
-    parser = TrlParser((BenchArguments, ScriptArguments, WarmStartArguments, GRPOConfig, ModelConfig))
-    defaults = recipe_defaults("rl", "bench_rollout", "clinical", sys.argv[1:] if argv is None else argv)
-    parser.set_defaults(**{**defaults, "warm_start": "none", "report": False})
-    bench, script_args, _, training_args, model_args = parser.parse_args_and_config(args=argv)
-    if script_args.warm_start != "none" or script_args.sft_adapter or script_args.report:
-        raise ValueError("bench_rollout trains the base model only: drop --warm_start, --sft_adapter and --report")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    base = ["--sft_config", NONE, "--report_config", NONE, "--use_peft", "true"]
+    types = (BenchArguments, ScriptArguments, GRPOConfig, ModelConfig)
+    config = f"grpo_{env_named(argv) or 'clinical'}.yaml"
+    bench, script_args, training_args, model_args = parse_recipe(types, config, [*base, *argv], rl=True)
+    if script_args.sft_config != NONE or script_args.sft_adapter or script_args.report_config != NONE:
+        raise ValueError("bench_rollout trains the base model only: drop --sft_config, --sft_adapter and "
+                         "--report_config")  # fmt: skip
     check_vllm_arguments(training_args, model_args)
     training_args.max_steps = bench.steps
     return bench, script_args, training_args, model_args

@@ -5,16 +5,19 @@ optimizer batch (``--shuffle_advantages true``: the same values, zero expected g
 both arms from one shared start and compares them on held-out episodes:
 
 1. Checks: the recipe (a file or a name in ``recipes/``), the seed ranges, and the recipe flags, parsed by the
-   recipe's own ``parse_args`` together with the flags the check adds (so a flag the recipe refuses stops the check
-   before anything trains). The flags the check sets itself (``--seed``, ``--shuffle_advantages``, ``--output_dir``,
-   ``--report``) are refused among the recipe flags. So are held-out ``--eval_seeds`` (the check's, else the
-   recipe's) that overlap seeds training used, as the recipe parsed them (defaults included): its
-   ``--anchor_seeds``, and with a warm start its ``--sft_train_seeds`` and, with DAgger rounds, ``--dagger_seeds``
-   (:func:`seen_seeds`).
+   recipe's own ``parse_args`` (its config file, ``--config`` or its own, under the flags) together with the flags
+   the check adds (so a flag the recipe refuses stops the check before anything trains). The flags the check sets
+   itself (``--seed``, ``--shuffle_advantages``, ``--output_dir``) are refused among the recipe flags. The runs make
+   no report (``--report_config none`` after the recipe flags): the check's evaluation takes its held-out seeds,
+   constrained decoding and workers from the report config the recipe flags name (``--report_config``, else the
+   recipe's config file's; ``none``: the defaults of :class:`~recruit_trl.workflow.arguments.ReportArguments`).
+   Held-out seeds (the check's ``--eval_seeds``, else the report config's ``eval_seeds``) that overlap seeds
+   training used, as the recipe parsed them (defaults included), are refused: its ``--anchor_seeds``, and with a
+   warm start its SFT config's ``sft_train_seeds`` and, with DAgger rounds, ``dagger_seeds`` (:func:`seen_seeds`).
 2. The start, built once in ``<output_dir>/start`` by a subprocess (:func:`build_start`): the recipe's warm start
-   (``--warm_start auto``: :func:`recruit_trl.workflow.warm_start.run_warm_start`, trained into ``start/sft``), a
-   given ``--sft_adapter``, or the base model itself (``--warm_start none``). Every run then starts from it
-   (``--sft_adapter <start> --warm_start none`` after a warm start).
+   (the SFT config ``--sft_config`` names: :func:`recruit_trl.workflow.warm_start.run_warm_start`, trained into
+   ``start/sft``), a given ``--sft_adapter``, or the base model itself (``--sft_config none``). Every run then starts
+   from it (``--sft_adapter <start> --sft_config none`` after a warm start).
 3. Every training seed in both arms, ``credit`` (``--shuffle_advantages false``) and ``control`` (``true``), each a
    fresh ``python RECIPE`` process into ``<output_dir>/<arm>_seed<k>`` with its output in ``train.log`` there; a
    crash is reported and the check goes on. A finished run (its ``run_info.json``, written last) is not run again
@@ -71,7 +74,8 @@ from recruit_trl.models.loading import is_trained, loading_config
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.versions import code_commit, versions
-from recruit_trl.workflow.arguments import ScriptArguments, WarmStartArguments
+from recruit_trl.workflow.arguments import NONE, ReportArguments, ScriptArguments, WarmStartArguments
+from recruit_trl.workflow.configs import read_report_config, read_warm_start
 from recruit_trl.workflow.evaluation.cache import evaluate_cached
 from recruit_trl.workflow.evaluation.evaluate import EvalConfig
 from recruit_trl.workflow.model_setup import model_init_kwargs, run_tasks, setup_run
@@ -80,7 +84,7 @@ from recruit_trl.workflow.run_report import eval_backend, rl_finished
 # The two arms and the --shuffle_advantages value each runs with.
 ARMS = {"credit": "false", "control": "true"}
 # Flags the check sets for every run itself: the recipe flags may not set them.
-OWN_FLAGS = ("seed", "shuffle_advantages", "output_dir", "report")
+OWN_FLAGS = ("seed", "shuffle_advantages", "output_dir")
 # The recipes shipped with the repository (a name is looked up in ./recipes first, then here).
 REPO_RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 START_DIR = "start"
@@ -246,7 +250,8 @@ class Plan:
     env: str
     tasks: list[str]
     mode: str
-    warm_start: bool  # whether the start trains the recipe's warm start (else: --sft_adapter or the base model)
+    # whether the start trains the warm start the recipe's --sft_config names (else: --sft_adapter or the base model)
+    warm_start: bool
     eval_config: EvalConfig  # greedy; the sampled one is its copy at the training temperature
     sampling: dict[str, float]  # the training --temperature and --top_p
     # The start when nothing builds it: the --sft_adapter, or a base model folder used as it is (None: the start's
@@ -311,13 +316,12 @@ def load_recipe(path: Path) -> ModuleType:
     return module
 
 
-def parse_recipe_flags(recipe: ModuleType, flags: Sequence[str]) -> tuple[Any, Any, Any, Any]:
-    """``(script_args, warm, training_args, model_args)`` of the recipe's own ``parse_args(flags)``.
+def parse_recipe_flags(recipe: ModuleType, flags: Sequence[str]) -> tuple[Any, Any, Any]:
+    """``(script_args, training_args, model_args)`` of the recipe's own ``parse_args(flags)``.
 
     Raises:
         LearningCheckError: the recipe is not an RL recipe of :func:`recruit_trl.workflow.pipeline.run_rl`, or refuses
-        the
-            flags (the parser's own error line).
+            the flags (the parser's own error line; a config file that is not there).
     """
     name = Path(recipe.__file__).name
     captured = io.StringIO()
@@ -330,10 +334,9 @@ def parse_recipe_flags(recipe: ModuleType, flags: Sequence[str]) -> tuple[Any, A
         error = next((line for line in reversed(lines) if "error:" in line), lines[-1] if lines else "refused")
         error = error.split("error:", 1)[-1].strip()
         raise LearningCheckError(f"{name} refuses the recipe flags: {error}") from None
-    except ValueError as exc:
+    except (ValueError, FileNotFoundError) as exc:
         raise LearningCheckError(f"{name} refuses the recipe flags: {' '.join(str(exc).split())}") from exc
-    shape = [ScriptArguments, WarmStartArguments]
-    if not (isinstance(parsed, tuple) and len(parsed) == 4 and all(map(isinstance, parsed, shape))):
+    if not (isinstance(parsed, tuple) and len(parsed) == 3 and isinstance(parsed[0], ScriptArguments)):
         raise LearningCheckError(f"{name} is not an RL recipe of recruit_trl.workflow.pipeline (no ScriptArguments)")
     return parsed
 
@@ -363,10 +366,11 @@ def make_plan(
 
     Args:
         recipe: a recipe file or name (:func:`find_recipe`).
-        flags: the recipe flags, the same for every run (not ``--seed``, ``--shuffle_advantages``, ``--output_dir``
-            or ``--report``: the check sets them).
+        flags: the recipe flags, the same for every run (not ``--seed``, ``--shuffle_advantages`` or
+            ``--output_dir``: the check sets them; ``--report_config`` names the evaluation's settings).
         seeds: training seeds, e.g. ``0-2``.
-        eval_seeds: held-out reset seeds of the evaluation (default: the recipe's ``--eval_seeds``).
+        eval_seeds: held-out reset seeds of the evaluation (default: the ``eval_seeds`` of the report config the
+            recipe flags name, else :class:`~recruit_trl.workflow.arguments.ReportArguments`' default).
         output_dir: the check's folder (default ``outputs/learning_check/<recipe>``).
         json_path: the JSON file (default ``<output_dir>/learning_check.json``).
         metric: a result row's field to compare (default: ``win_rate`` when the rows carry it, else
@@ -380,22 +384,29 @@ def make_plan(
     train_seeds = seed_list(seeds, "--seeds")
     held_out = seed_list(eval_seeds, "--eval_seeds") if eval_seeds is not None else None
     if own := own_flags_in(flags):
-        raise LearningCheckError(f"the check sets {', '.join(dict.fromkeys(own))} for every run itself: drop it from "
-                                 "the recipe flags (--seeds, --output_dir of learning-check)")  # fmt: skip
+        raise LearningCheckError(
+            f"the check sets {', '.join(dict.fromkeys(own))} for every run itself: drop it "
+            "from the recipe flags (--seeds, --eval_seeds, --output_dir of learning-check)"
+        )
     out = Path(output_dir or Path("outputs", "learning_check", path.stem)).resolve()
     with contextlib.redirect_stdout(io.StringIO()):  # what TRL and bitsandbytes print when they are imported
         module = load_recipe(path)
-    parse_recipe_flags(module, flags)  # an RL recipe that takes the flags as given
+    given = parse_recipe_flags(module, flags)[0]  # an RL recipe that takes the flags as given (its report config too)
     # Parsed again with the check's own flags, as a run will be, so that every flag is checked now (the start's flags
     # name fields every RL recipe has).
     probe = [*flags, *own_run_flags(train_seeds[0], "control", out / f"control_seed{train_seeds[0]}")]
-    script_args, warm, training_args, model_args = parse_recipe_flags(module, probe)
+    script_args, training_args, model_args = parse_recipe_flags(module, probe)
+    # The evaluation's settings: the report config's (the runs make none), else the report's defaults.
+    report = read_report_config(given.report_config)
+    named = "the report config's eval_seeds" if report is not None else "the report's default eval_seeds"
+    report = report or ReportArguments()
     if held_out is None:
-        held_out = seed_list(script_args.eval_seeds, "the recipe's --eval_seeds")
-        shown = f"the recipe's --eval_seeds {script_args.eval_seeds}"
+        held_out = seed_list(report.eval_seeds, named)
+        shown = f"{named} {report.eval_seeds}"
     else:
         shown = f"learning-check --eval_seeds {eval_seeds}"
-    refuse_seen_seeds(held_out, shown, script_args, warm)
+    warm_start = read_warm_start(script_args.sft_config, script_args, model_args)
+    refuse_seen_seeds(held_out, shown, script_args, warm_start.warm if warm_start is not None else None)
     previous = read_json(out / FLAGS_FILE)
     if previous is not None and (previous.get("recipe"), previous.get("flags")) != (str(path), list(flags)):
         raise LearningCheckError(f"{out} holds a learning check of {previous.get('recipe')} with the flags "
@@ -407,9 +418,9 @@ def make_plan(
         seeds=tuple(held_out),
         contract=script_args.contract,
         recent_k=script_args.recent_k,
-        constrained=script_args.eval_constrained,
+        constrained=report.eval_constrained,
         model_loading=loading_config(model_args),  # the models are evaluated loaded as they were trained
-        **eval_backend(script_args, training_args),
+        **eval_backend(report, training_args),
     )
     return Plan(
         recipe=path,
@@ -422,7 +433,7 @@ def make_plan(
         env=script_args.env_name,
         tasks=tasks,
         mode=script_args.mode,
-        warm_start=script_args.sft_adapter is None and script_args.warm_start == "auto",
+        warm_start=script_args.sft_adapter is None and script_args.sft_config != NONE,
         known_start=known_start(script_args, model_args),
         eval_config=config,
         sampling={"temperature": float(training_args.temperature), "top_p": float(training_args.top_p)},
@@ -430,54 +441,59 @@ def make_plan(
     )
 
 
-def seen_seeds(script_args: ScriptArguments, warm: WarmStartArguments) -> dict[str, str]:
-    """``{flag: range}``: the recipe's seeds (as parsed: defaults included) that train the models the check evaluates
-    or choose among them.
+def seen_seeds(script_args: ScriptArguments, warm: WarmStartArguments | None) -> dict[str, str]:
+    """``{setting: range}``: the seeds (as parsed: defaults included) that train the models the check evaluates or
+    choose among them, each named by where it is set (``the recipe's --anchor_seeds``, ``the SFT config's
+    sft_train_seeds``).
 
-    RL's ``--anchor_seeds`` always; with a warm start (trained by the start, or the ``--sft_adapter`` given, whose
-    training the recipe's settings are the best guess of) its ``--sft_train_seeds``, and ``--dagger_seeds`` when
-    there are DAgger rounds (their students play them; the best round is chosen on them). Not the seeds of held-out
-    reports that neither train nor choose (``--sft_heldout_seeds``, ``--sft_fixed_seeds``, ``--decision_seeds``).
+    RL's ``--anchor_seeds`` always; with a warm start, the SFT config's ``sft_train_seeds``, and ``dagger_seeds``
+    when there are DAgger rounds (their students play them; the best round is chosen on them). ``warm`` is that
+    config's :class:`~recruit_trl.workflow.arguments.WarmStartArguments`
+    (:func:`recruit_trl.workflow.configs.read_warm_start`), ``None`` with ``--sft_config none``; for an
+    ``--sft_adapter`` given, the SFT config is the best guess of how it was trained. Not the seeds of held-out
+    reports that neither train nor choose (``sft_heldout_seeds``, ``sft_fixed_seeds``, the report config's
+    ``decision_seeds``).
     """
-    seen = {"--anchor_seeds": script_args.anchor_seeds}
-    if script_args.sft_adapter or script_args.warm_start == "auto":
-        seen["--sft_train_seeds"] = warm.sft_train_seeds
+    seen = {"the recipe's --anchor_seeds": script_args.anchor_seeds}
+    if warm is not None:
+        seen["the SFT config's sft_train_seeds"] = warm.sft_train_seeds
         if warm.dagger_rounds > 0:
-            seen["--dagger_seeds"] = warm.dagger_seeds
+            seen["the SFT config's dagger_seeds"] = warm.dagger_seeds
     return seen
 
 
 def refuse_seen_seeds(
-    held_out: Sequence[int], shown: str, script_args: ScriptArguments, warm: WarmStartArguments
+    held_out: Sequence[int], shown: str, script_args: ScriptArguments, warm: WarmStartArguments | None
 ) -> None:
     """Refuse held-out evaluation seeds that training saw (:func:`seen_seeds`): such episodes are not held out.
 
     Args:
         held_out: the held-out seeds.
-        shown: their flag and range as the message names them (``learning-check --eval_seeds 0-9``).
+        shown: their setting and range as the message names them (``learning-check --eval_seeds 0-9``).
         script_args: the recipe's parsed arguments.
-        warm: the recipe's parsed warm-start arguments.
+        warm: the warm start's settings, its SFT config's (``None``: no SFT config).
 
     Raises:
-        LearningCheckError: one line naming the held-out flag, each recipe flag it overlaps and the seeds in common.
+        LearningCheckError: one line naming the held-out seeds' setting, each training setting they overlap and the
+            seeds in common.
     """
     overlaps = []
-    for flag, spec in seen_seeds(script_args, warm).items():
+    for setting, spec in seen_seeds(script_args, warm).items():
         common = sorted(set(held_out) & set(parse_int_ranges(spec)))
         if common:
-            overlaps.append(f"the recipe's {flag} {spec} on {short_range(common)}")
+            overlaps.append(f"{setting} {spec} on {short_range(common)}")
     if overlaps:
         raise LearningCheckError(f"{shown} overlap {'; '.join(overlaps)}: held-out episodes must be on seeds no "
                                  "training saw")  # fmt: skip
 
 
 def known_start(script_args: Any, model_args: Any) -> str | None:
-    """The start when no process has to build it: the ``--sft_adapter``, or with ``--warm_start none`` a model folder
+    """The start when no process has to build it: the ``--sft_adapter``, or with ``--sft_config none`` a model folder
     or hub id (what :func:`recruit_trl.workflow.model_setup.resolve_model` returns unchanged); ``None`` otherwise."""
     if script_args.sft_adapter:
         return script_args.sft_adapter
     name = model_args.model_name_or_path
-    if script_args.warm_start == "none" and name.strip().lower() not in ("tiny", "smollm2"):
+    if script_args.sft_config == NONE and name.strip().lower() not in ("tiny", "smollm2"):
         return str(Path(name).resolve()) if Path(name).exists() else name
     return None
 
@@ -489,15 +505,16 @@ def known_start(script_args: Any, model_args: Any) -> str | None:
 def own_run_flags(seed: int, arm: str, output_dir: Path) -> list[str]:
     """The flags the check adds to a run: its seed, arm and folder, no report (the check evaluates itself)."""
     return ["--seed", str(seed), "--shuffle_advantages", ARMS[arm], "--output_dir", str(output_dir),
-            "--report", "false"]  # fmt: skip
+            "--report_config", NONE]  # fmt: skip
 
 
 def start_flags(output_dir: Path, warm_start: bool) -> list[str]:
-    """The flags that start a run from the warm start trained once in ``<output_dir>/start/sft`` (none when the
-    recipe has no warm start to train: the run starts from its ``--sft_adapter`` or base model, as the start)."""
+    """The flags that start a run from the warm start trained once in ``<output_dir>/start/sft``, and train none of
+    its own (none when the recipe has no warm start to train: the run starts from its ``--sft_adapter`` or base
+    model, as the start)."""
     if not warm_start:
         return []
-    return ["--sft_adapter", str(output_dir / START_DIR / "sft"), "--warm_start", "none"]
+    return ["--sft_adapter", str(output_dir / START_DIR / "sft"), "--sft_config", NONE]
 
 
 def start_command(plan: Plan) -> list[str]:
@@ -517,8 +534,9 @@ def build_start(recipe: str, start_dir: str, flags: Sequence[str]) -> dict[str, 
     """Build the start every run trains from (run in its own process by the check; see :func:`start_command`).
 
     The recipe's pipeline up to its warm start (:func:`recruit_trl.workflow.pipeline.run_rl` steps 1-3): the
-    environment and tasks, the base model resolved (``tiny`` built and cached), then with ``--warm_start auto`` the
-    warm start trained into ``<start_dir>/sft`` (cached there), else the ``--sft_adapter`` or the base model as it is.
+    environment and tasks, the base model resolved (``tiny`` built and cached), then without an ``--sft_adapter`` the
+    warm start its ``--sft_config`` names trained into ``<start_dir>/sft`` (cached there), else the ``--sft_adapter``
+    or (``--sft_config none``) the base model as it is.
     Writes ``<start_dir>/start.json`` last and returns it: ``{"start": path, "base_model": path, "warm_start_trained",
     "seed"}``.
     """
@@ -527,17 +545,18 @@ def build_start(recipe: str, start_dir: str, flags: Sequence[str]) -> dict[str, 
     from recruit_trl.workflow.warm_start import run_warm_start
 
     module = load_recipe(Path(recipe))
-    script_args, warm, training_args, model_args = parse_recipe_flags(
-        module, [*flags, "--output_dir", str(start_dir), "--report", "false"]
+    script_args, training_args, model_args = parse_recipe_flags(
+        module, [*flags, "--output_dir", str(start_dir), "--report_config", NONE]
     )
     if not torch.cuda.is_available():  # as the pipeline: every core for this one process
         torch.set_num_threads(max(1, os.cpu_count() or 2))
     setup = setup_run(script_args, model_args.model_name_or_path)
     model_path = setup.model_path
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
-    trained = script_args.sft_adapter is None and script_args.warm_start == "auto"
+    warm_start = read_warm_start(script_args.sft_config, script_args, model_args)
+    trained = script_args.sft_adapter is None and warm_start is not None
     if trained:
-        start = run_warm_start(script_args, warm, training_args, model_args, setup)
+        start = run_warm_start(script_args, warm_start, training_args, model_args, setup)
     else:
         start = script_args.sft_adapter or model_path
     info = {"start": str(start), "base_model": model_path, "warm_start_trained": trained, "seed": training_args.seed}

@@ -1,21 +1,23 @@
 """The recipes' arguments beyond TRL's ``SFTConfig`` / ``GRPOConfig`` and ``ModelConfig``, each setting declared once,
-with one default (environment-neutral: an environment's own and a named model's come from
-:func:`recruit_trl.workflow.defaults.recipe_defaults`):
+with one environment-neutral default (an environment's and a model's values are written in the recipes' config files,
+``recipes/configs``: :mod:`recruit_trl.workflow.configs`):
 
-- :class:`WarmStartArguments`: the SFT warm start's settings (the teacher, its data, DAgger), which the SFT recipes
-  (``recipes/sft_*.py``) and the RL recipes' warm start both parse, beside their own dataclass, under the same flags.
+- :class:`WarmStartArguments`: the SFT warm start's settings (the teacher, its data, DAgger): the SFT recipes'
+  (``recipes/sft_*.py``) flags, and what the RL recipes' warm start reads from the SFT config it names.
 - :class:`SFTScriptArguments`: the SFT recipes' own: the environment, its prompts and the tasks.
+- :class:`ReportArguments`: the RL recipes' report, read from the report config they name.
 - :class:`ScriptArguments`: the RL recipes' own (``recipes/grpo_*.py``, ``recipes/reinforce_clinical.py``): the
-  rollout (:class:`~recruit_trl.rollout.config.RolloutConfig`), the tasks, anchors and rewards, where RL starts from
-  and the warm start's training budget, and the report.
+  rollout (:class:`~recruit_trl.rollout.config.RolloutConfig`), the tasks, anchors and rewards, the control, and the
+  config files of the warm start and the report.
 
 The arguments are the run's inputs only: what a stage produces (the resolved tasks and model, the warm start's
 adapter) is returned and passed on (:mod:`recruit_trl.workflow.model_setup`, :mod:`recruit_trl.workflow.pipeline`).
 
 Every value is checked while the recipes parse their arguments, before any model is built, and a mistake is one line
 naming the flag, its value and what the flag takes: each dataclass checks its own values as it is built
-(``__post_init__``), :func:`check_rl_arguments` and :func:`check_sft_arguments` what needs the environment (tasks,
-policies) or TRL's configs beside them (reward weights, quantisation).
+(``__post_init__``), :func:`recruit_trl.workflow.configs.check_rl_arguments` and :func:`check_sft_arguments` what
+needs the environment (tasks, policies), TRL's configs beside them (reward weights, quantisation) or the config files
+an RL recipe names.
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ from typing import Any
 
 from recruit_trl.protocol import FALLBACK_POLICY, EnvInterface, get_env_interface
 from recruit_trl.ranges import parse_int_ranges
-from recruit_trl.rollout.anchors import MODEL_PREFIX
 from recruit_trl.rollout.config import PromptConfig, RolloutConfig, check_mode_rewards
 from rewards import DEFAULT_REWARDS, get_reward_funcs
 
 SFT_DATA = ("traces", "teacher_sets")
+NONE = "none"  # --sft_config / --report_config: no warm start, no report
 
 
 def tasks_field() -> Any:
@@ -43,8 +45,8 @@ def tasks_field() -> Any:
 
 @dataclass
 class WarmStartArguments:
-    """The SFT warm start's settings: the teacher, its data, DAgger. The SFT recipes (``recipes/sft_*.py``) and the RL
-    recipes (their warm start, ``--warm_start auto``) parse this one dataclass beside their own, under the same flags.
+    """The SFT warm start's settings: the teacher, its data, DAgger. The SFT recipes (``recipes/sft_*.py``) parse this
+    dataclass beside their own; the RL recipes' warm start reads it from the SFT config its ``--sft_config`` names.
 
     The flags carry ``sft_`` (the RL recipes' trainer has its own ``--epsilon``, their anchors and evaluation their own
     seeds), except ``--teacher`` and ``--dagger_*``, which name nothing else in any recipe.
@@ -84,8 +86,8 @@ class WarmStartArguments:
     sft_max_type_fraction: float = field(
         default=1.0,
         metadata={"help": "Cap on any action type's share of the training rows (with --sft_data teacher_sets: any "
-                  "decision phase's share of a split); 1: no cap, the environment-neutral default. An environment's "
-                  "recipe defaults set its own (clinical 0.35, conquest 0.25)."},
+                  "decision phase's share of a split); 1: no cap, the environment-neutral default (the "
+                  "configs in recipes/configs set clinical 0.35, conquest 0.25)."},
     )  # fmt: skip
     sft_balance_by_task: bool = field(default=True, metadata={"help": "Apply the cap within every task's rows."})
     dagger_rounds: int = field(
@@ -142,82 +144,10 @@ class SFTScriptArguments(PromptConfig):
 
 
 @dataclass
-class ScriptArguments(RolloutConfig):
-    """The RL recipes' arguments beyond ``GRPOConfig`` and ``ModelConfig``: the rollout settings
-    (:class:`~recruit_trl.rollout.config.RolloutConfig`), then the tasks, anchors and rewards, the warm start and the
-    report."""
+class ReportArguments:
+    """The report at the end of an RL run (``recipes/configs/report_*.yaml``, named by ``--report_config``): whole
+    episodes on held-out seeds, and decisions on held-out states."""
 
-    tasks: list[str] = tasks_field()
-    anchor_tasks: list[str] = field(
-        default_factory=list,
-        metadata={"help": "Tasks of the anchors RL trains on (default: --tasks, which the warm start and the report "
-                  "use too)."},
-    )  # fmt: skip
-    anchor_seeds: str = field(default="100-107", metadata={"help": "Reset seeds of the anchors (0..99 are for eval)."})
-    anchor_days: str = field(default="0-170:10", metadata={"help": "Days of the anchors, e.g. 0-170:10."})
-    anchor_policy: str = field(
-        default=FALLBACK_POLICY,
-        metadata={"help": "Who plays the days before an anchor: an environment policy (replayed; default: the "
-                  "environment's fallback agent), 'student' (the "
-                  "model RL starts from, sampled as in training: on-policy states, recorded once into "
-                  "<output_dir>/anchor_states.json) or 'model:PATH'."},
-    )  # fmt: skip
-    reward_funcs: list[str] = field(
-        default_factory=lambda: list(DEFAULT_REWARDS),
-        metadata={
-            "help": "Reward functions, weighted by --reward_weights: names from the `rewards` package (generic "
-            "ones and each environment's) or 'package.module:function' for any other. What every mode learns: "
-            "branch mode scores a row (the sampled action and its continuation) with them, episode mode "
-            "each decision's own step (its step reward; their sum is the episode's outcome)."
-        },
-    )
-    shuffle_advantages: bool = field(
-        default=False,
-        metadata={"help": "The control of a learning claim, in every mode: the advantages the trainer computed are "
-                  "permuted among the rows of each optimizer step (recruit_trl.training.trainer), so the update "
-                  "has their size but no credit; what a run gains beyond its control is learnt from the credit."},
-    )  # fmt: skip
-
-    # The warm start: an SFT run first (its settings: WarmStartArguments, and its budget below), or a given adapter or
-    # model.
-    sft_adapter: str | None = field(
-        default=None,
-        metadata={"help": "An SFT LoRA adapter or fully fine-tuned model (recipes/sft_clinical.py) to start from."},
-    )
-    warm_start: str = field(
-        default="auto",
-        metadata={"help": "'auto': run the SFT warm start first (cached in <output_dir>/sft) unless --sft_adapter; "
-                  "'none': start RL from the base model."},
-    )  # fmt: skip
-    sft_epochs: float = field(
-        default=2.0, metadata={"help": "Epochs of the SFT warm start's first fit (DAgger rounds: --dagger_epochs)."}
-    )
-    sft_full_finetune: bool = field(
-        default=False,
-        metadata={"help": "SFT warm start: true fine-tunes every weight, false trains a LoRA adapter (RL then "
-                  "continues it). The tiny model built here from scratch defaults to true (its LoRA lacks the "
-                  "capacity to imitate the teacher), unless quantised (--load_in_4bit/--load_in_8bit: an adapter). "
-                  "--use_peft false asks for every weight too."},
-    )  # fmt: skip
-    rl_full_finetune: bool = field(
-        default=False,
-        metadata={"help": "RL after a fully fine-tuned warm start: true trains every weight, false a fresh LoRA "
-                  "adapter on it. The tiny model built here defaults to true (a fresh LoRA barely moved its policy), "
-                  "unless quantised. After a LoRA warm start RL always continues that adapter; --use_peft false asks "
-                  "for every weight."},
-    )  # fmt: skip
-    sft_batch_size: int = field(default=16, metadata={"help": "Rows per step of the SFT warm start."})
-    sft_max_steps: int = field(
-        default=-1, metadata={"help": "Optimizer steps of the SFT warm start's first fit (-1: --sft_epochs decides)."}
-    )
-    sft_learning_rate: float | None = field(
-        default=None, metadata={"help": "Learning rate of the SFT warm start (default: 3e-4 full, 1e-3 LoRA)."}
-    )
-
-    # The report at the end: whole episodes on held-out seeds, and decisions on held-out states.
-    report: bool = field(
-        default=True, metadata={"help": "Evaluate base / SFT / RL models and baselines at the end; write report.json."}
-    )
     eval_seeds: str = field(default="0-9", metadata={"help": "Held-out reset seeds of the final evaluation."})
     eval_episodes: bool = field(
         default=False,
@@ -289,10 +219,75 @@ class ScriptArguments(RolloutConfig):
     )  # fmt: skip
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         unknown = set(self.eval_sampled) - {"base", "sft", "grpo"}
         if unknown:
             raise ValueError(f"--eval_sampled takes base, sft and grpo, not {sorted(unknown)}")
+        for name in ("eval_seeds", "decision_seeds", "decision_days"):
+            check_range(name, getattr(self, name))
+        check_value("decision_rows", self.decision_rows, self.decision_rows >= 1, ">= 1")
+        check_value("decision_continuations", self.decision_continuations, self.decision_continuations >= 1, ">= 1")
+        check_value("eval_workers", self.eval_workers, self.eval_workers >= 0, ">= 0 (0: one per CPU core)")
+        check_value("eval_temperature", self.eval_temperature, self.eval_temperature >= 0, ">= 0 (0: greedy only)")
+        check_value("eval_top_p", self.eval_top_p, 0 < self.eval_top_p <= 1, "in (0, 1]")
+
+
+@dataclass
+class ScriptArguments(RolloutConfig):
+    """The RL recipes' arguments beyond ``GRPOConfig`` and ``ModelConfig`` (at most 25, counted by a test): the
+    rollout settings (:class:`~recruit_trl.rollout.config.RolloutConfig`), then the tasks, anchors and rewards, the
+    control, and the config files of the warm start and the report (:mod:`recruit_trl.workflow.configs`)."""
+
+    tasks: list[str] = tasks_field()
+    anchor_tasks: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Tasks of the anchors RL trains on (default: --tasks, which the warm start and the report "
+                  "use too)."},
+    )  # fmt: skip
+    anchor_seeds: str = field(default="100-107", metadata={"help": "Reset seeds of the anchors (0..99 are for eval)."})
+    anchor_days: str = field(default="0-170:10", metadata={"help": "Days of the anchors, e.g. 0-170:10."})
+    anchor_policy: str = field(
+        default=FALLBACK_POLICY,
+        metadata={"help": "Who plays the days before an anchor: an environment policy (replayed; default: the "
+                  "environment's fallback agent), 'student' (the "
+                  "model RL starts from, sampled as in training: on-policy states, recorded once into "
+                  "<output_dir>/anchor_states.json) or 'model:PATH'."},
+    )  # fmt: skip
+    reward_funcs: list[str] = field(
+        default_factory=lambda: list(DEFAULT_REWARDS),
+        metadata={
+            "help": "Reward functions, weighted by --reward_weights: names from the `rewards` package (generic "
+            "ones and each environment's) or 'package.module:function' for any other. What every mode learns: "
+            "branch mode scores a row (the sampled action and its continuation) with them, episode mode "
+            "each decision's own step (its step reward; their sum is the episode's outcome)."
+        },
+    )
+    shuffle_advantages: bool = field(
+        default=False,
+        metadata={"help": "The control of a learning claim, in every mode: the advantages the trainer computed are "
+                  "permuted among the rows of each optimizer step (recruit_trl.training.trainer), so the update "
+                  "has their size but no credit; what a run gains beyond its control is learnt from the credit."},
+    )  # fmt: skip
+
+    # Where RL starts, and the report: each a config file of its own (recruit_trl.workflow.configs).
+    sft_config: str = field(
+        default=NONE,
+        metadata={"help": "The warm start: the SFT recipe's config file (a path, or a name in recipes/configs) it "
+                  "trains with, on this run's model, environment, tasks and prompts, into <output_dir>/sft (cached "
+                  "there); 'none': RL starts from the base model."},
+    )  # fmt: skip
+    sft_adapter: str | None = field(
+        default=None,
+        metadata={"help": "Start RL from this SFT LoRA adapter or fully fine-tuned model (recipes/sft_*.py) instead "
+                  "of training the warm start."},
+    )  # fmt: skip
+    report_config: str = field(
+        default=NONE,
+        metadata={"help": "The report at the end (base / SFT / RL models and baselines on held-out seeds and "
+                  "states; report.json): its config file (a path, or a name in recipes/configs); 'none': no report."},
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         try:
             get_reward_funcs(self.reward_funcs)
         except ValueError as exc:
@@ -300,23 +295,8 @@ class ScriptArguments(RolloutConfig):
         check_mode_rewards(self.reward_funcs, self.mode, has_potential=True)  # the environment's part: below
         if "teacher_match_reward" in self.reward_funcs and not self.reward_teacher:
             raise ValueError("--reward_funcs teacher_match_reward needs --reward_teacher (e.g. grader_heuristic)")
-        if self.warm_start not in ("auto", "none"):
-            raise ValueError(f"--warm_start must be auto or none, not {self.warm_start!r}")
         check_range("anchor_seeds", self.anchor_seeds, required=True)
         check_range("anchor_days", self.anchor_days, required=True)
-        for name in ("eval_seeds", "decision_seeds", "decision_days"):
-            check_range(name, getattr(self, name))
-        check_value("sft_epochs", self.sft_epochs, self.sft_epochs > 0, "> 0")
-        check_value("sft_batch_size", self.sft_batch_size, self.sft_batch_size >= 1, ">= 1")
-        check_value("sft_max_steps", self.sft_max_steps, self.sft_max_steps == -1 or self.sft_max_steps >= 1,
-                    "-1 (--sft_epochs decides) or >= 1")  # fmt: skip
-        lr = self.sft_learning_rate
-        check_value("sft_learning_rate", lr, lr is None or lr > 0, "> 0 (or unset)")
-        check_value("decision_rows", self.decision_rows, self.decision_rows >= 1, ">= 1")
-        check_value("decision_continuations", self.decision_continuations, self.decision_continuations >= 1, ">= 1")
-        check_value("eval_workers", self.eval_workers, self.eval_workers >= 0, ">= 0 (0: one per CPU core)")
-        check_value("eval_temperature", self.eval_temperature, self.eval_temperature >= 0, ">= 0 (0: greedy only)")
-        check_value("eval_top_p", self.eval_top_p, 0 < self.eval_top_p <= 1, "in (0, 1]")
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -378,6 +358,18 @@ def check_policy(flag: str, name: str, interface: EnvInterface) -> None:
         interface.get_policy(name)
     except ValueError as exc:
         raise ValueError(f"--{flag}: {exc}") from None
+
+
+def env_interface(name: str) -> EnvInterface:
+    """The environment ``--env`` names.
+
+    Raises:
+        ValueError: ``--env: <why>`` for a name no environment goes by.
+    """
+    try:
+        return get_env_interface(name)
+    except ValueError as exc:
+        raise ValueError(f"--env: {exc}") from None
 
 
 def check_env_values(args: Any, warm: WarmStartArguments, interface: EnvInterface) -> None:
@@ -447,38 +439,19 @@ def check_constrained_sampling(script_args: ScriptArguments, training_args: Any)
             raise ValueError(f"--{flag} {value}: {why}; drop --{flag} or turn off --constrained_decoding")
 
 
-def check_rl_arguments(
-    script_args: ScriptArguments, warm: WarmStartArguments, training_args: Any, model_args: Any
-) -> tuple[ScriptArguments, WarmStartArguments, Any, Any]:
-    """Check what the RL recipes' dataclasses cannot check alone: the environment's tasks and policies, the rewards'
-    weights, the sampling settings (with constrained decoding too), vLLM and the quantisation. Returns the four
-    unchanged.
+def check_sft_budget(training_args: Any) -> None:
+    """Refuse an SFT budget that cannot train (checked while parsing: the warm start trains after the teacher's
+    traces, minutes into a run).
 
     Raises:
-        ValueError: one line naming the flag, its value and what it takes.
+        ValueError: one line naming the field, its value and what it takes.
     """
-    interface = get_env_interface(script_args.env_name)
-    check_env_values(script_args, warm, interface)
-    check_policy("continuation_policy", script_args.continuation_policy, interface)
-    if script_args.reward_teacher:
-        check_policy("reward_teacher", script_args.reward_teacher, interface)
-    if script_args.anchor_policy != "student" and not script_args.anchor_policy.startswith(MODEL_PREFIX):
-        check_policy("anchor_policy", script_args.anchor_policy, interface)
-    for name in script_args.eval_baselines:
-        if not name.startswith(MODEL_PREFIX):
-            check_policy("eval_baselines", name, interface)
-    check_mode_rewards(script_args.reward_funcs, script_args.mode, interface.has_potential())
-    weights = training_args.reward_weights
-    if weights is not None and len(weights) != len(script_args.reward_funcs):
-        raise ValueError(f"--reward_weights {weights} must give one weight per --reward_funcs "
-                         f"{script_args.reward_funcs}")  # fmt: skip
-    check_value("temperature", training_args.temperature, training_args.temperature > 0, "> 0 (GRPO samples)")
-    check_vllm_arguments(training_args, model_args)
-    check_constrained_sampling(script_args, training_args)
-    check_quantised_training(model_args, script_args.sft_full_finetune, "--sft_full_finetune true")
-    check_quantised_training(model_args, script_args.rl_full_finetune, "--rl_full_finetune true")
-    check_quantised_training(model_args, not model_args.use_peft, "--use_peft false")
-    return script_args, warm, training_args, model_args
+    batch, epochs, steps, lr = (training_args.per_device_train_batch_size, training_args.num_train_epochs,
+                                training_args.max_steps, training_args.learning_rate)  # fmt: skip
+    check_value("per_device_train_batch_size", batch, batch >= 1, ">= 1")
+    check_value("num_train_epochs", epochs, epochs > 0, "> 0")
+    check_value("max_steps", steps, steps == -1 or steps >= 1, "-1 (num_train_epochs decides) or >= 1")
+    check_value("learning_rate", lr, lr > 0, "> 0")
 
 
 def check_sft_arguments(
@@ -490,6 +463,7 @@ def check_sft_arguments(
     Raises:
         ValueError: one line naming the flag, its value and what it takes.
     """
-    check_env_values(script_args, warm, get_env_interface(script_args.env_name))
+    check_env_values(script_args, warm, env_interface(script_args.env_name))
+    check_sft_budget(training_args)
     check_quantised_training(model_args, not model_args.use_peft, "--use_peft false")
     return script_args, warm, training_args, model_args

@@ -129,30 +129,28 @@ def setup_run(script_args: Any, model_name_or_path: str) -> RunSetup:
     return RunSetup(interface=interface, tasks=tasks, model_path=model_path)
 
 
-def full_finetune(choice: bool, model_args: Any) -> bool:
-    """Whether a stage fine-tunes every weight: ``choice`` (``--sft_full_finetune`` / ``--rl_full_finetune``, true by
-    default for the tiny model built here: :mod:`recruit_trl.workflow.defaults`), or ``--use_peft false``. A quantised
-    model (``--load_in_4bit`` / ``--load_in_8bit``) trains an adapter: its frozen integer weights cannot be fine-tuned.
+def full_finetune(model_args: Any) -> bool:
+    """Whether a stage fine-tunes every weight: ``--use_peft false`` (a stage's ``ModelConfig``: the RL run's, the
+    warm start's from its SFT config). A quantised model (``--load_in_4bit`` / ``--load_in_8bit``) trains an adapter:
+    its frozen integer weights cannot be fine-tuned.
 
     Raises:
         ValueError: every weight asked for together with quantisation.
     """
     quantized = bool(getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False))
-    full = bool(choice) or not model_args.use_peft
+    full = not model_args.use_peft
     if full and quantized:
         raise ValueError("full fine-tuning cannot train a quantised model: drop --load_in_4bit/--load_in_8bit or "
-                         "--sft_full_finetune/--rl_full_finetune true or --use_peft false")  # fmt: skip
+                         "use_peft false")  # fmt: skip
     return full
 
 
-def rl_start(
-    script_args: Any, training_args: Any, model_args: Any, model_path: str, sft_adapter: str | None
-) -> tuple[Any, Any, Any]:
+def rl_start(training_args: Any, model_args: Any, model_path: str, sft_adapter: str | None) -> tuple[Any, Any, Any]:
     """``(model, tokenizer, peft_config)`` that RL starts from; ``peft_config`` is ``None`` when no new adapter.
 
     Without a warm start (``sft_adapter`` ``None``): the base model, with a fresh LoRA adapter unless
     ``--use_peft false``. After a LoRA warm start: that adapter, trainable, on the base loaded as configured. After a
-    fully fine-tuned one: that model, every weight trained or a fresh adapter on it (``--rl_full_finetune``), read
+    fully fine-tuned one: that model, every weight trained (``--use_peft false``) or a fresh adapter on it, read
     with its own tokenizer when it saved one (the base may be another tiny build, with another vocabulary).
     """
     from transformers import AutoTokenizer
@@ -168,7 +166,7 @@ def rl_start(
         model = sft_adapter
         if Path(model, "tokenizer_config.json").is_file():
             tokenizer_path = model
-        if full_finetune(script_args.rl_full_finetune, model_args):
+        if full_finetune(model_args):
             peft_config = None
     return model, AutoTokenizer.from_pretrained(tokenizer_path, padding_side="left"), peft_config
 

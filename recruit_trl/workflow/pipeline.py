@@ -27,7 +27,8 @@ from recruit_trl.models.loading import (
 from recruit_trl.rollout.rollout_funcs import make_rollout
 from recruit_trl.training.trainer import RecruitGRPOTrainer
 from recruit_trl.workflow.anchor_data import make_anchor_dataset
-from recruit_trl.workflow.arguments import ScriptArguments, WarmStartArguments
+from recruit_trl.workflow.arguments import ScriptArguments
+from recruit_trl.workflow.configs import read_report_config, read_warm_start
 from recruit_trl.workflow.model_card import rl_model_card, write_model_card
 from recruit_trl.workflow.model_setup import last_checkpoint, model_init_kwargs, rl_start, setup_run
 from recruit_trl.workflow.run_report import RL_FINISHED, report_run, rl_finished, sft_trained, start_baseline_evals
@@ -37,7 +38,6 @@ from rewards import get_reward_funcs
 
 def run_rl(
     script_args: ScriptArguments,
-    warm: WarmStartArguments,
     training_args: GRPOConfig,
     model_args: ModelConfig,
     trainer_cls: type[RecruitGRPOTrainer] = RecruitGRPOTrainer,
@@ -47,9 +47,11 @@ def run_rl(
     :class:`~recruit_trl.training.trainer.RecruitReinforceTrainer`), report.
 
     The arguments are inputs only: what a stage produces (the environment interface, the tasks and the base model,
-    resolved once; the warm start's folder) is passed on to the next stages.
+    resolved once; the warm start's folder) is passed on to the next stages. The warm start trains with the SFT
+    config file ``--sft_config`` names, the report reads the one ``--report_config`` names
+    (:mod:`recruit_trl.workflow.configs`).
 
-    Returns the trainer after training (and the report, when ``script_args.report``).
+    Returns the trainer after training (and the report, unless ``--report_config none``).
     """
     started = time.perf_counter()
     timings: dict[str, float] = {}
@@ -67,10 +69,13 @@ def run_rl(
 
     # 3. Warm start: imitate the teacher first (cached in <output_dir>/sft), then continue from what it trained.
     background, sft_adapter = None, script_args.sft_adapter
-    if sft_adapter is None and script_args.warm_start == "auto":
+    report = read_report_config(script_args.report_config)
+    # The SFT config also names the teacher the report compares with when RL starts from a given --sft_adapter.
+    warm_start = read_warm_start(script_args.sft_config, script_args, model_args)
+    if sft_adapter is None and warm_start is not None:
         t0 = time.perf_counter()
-        background = start_baseline_evals(script_args, training_args, model_args, setup)
-        sft_adapter = run_warm_start(script_args, warm, training_args, model_args, setup)
+        background = start_baseline_evals(script_args, report, training_args, model_args, setup)
+        sft_adapter = run_warm_start(script_args, warm_start, training_args, model_args, setup)
         timings["sft"] = time.perf_counter() - t0
     # A finished RL stage (its marker written after the weights and the trainer state) is read back, never trained
     # further: a re-run of a finished command changes no weights, whatever checkpoints were kept.
@@ -80,7 +85,7 @@ def run_rl(
         print(f"RL already finished in {training_args.output_dir}; its weights are read back, not trained further "
               "(another --output_dir or an emptied folder trains again)")  # fmt: skip
     else:
-        model, tokenizer, peft_config = rl_start(script_args, training_args, model_args, model_path, sft_adapter)
+        model, tokenizer, peft_config = rl_start(training_args, model_args, model_path, sft_adapter)
 
     # 4. Anchors (states the samples start from; on-policy ones are recorded by one process, read by the others),
     # rollouts, rewards and training.
@@ -122,15 +127,25 @@ def run_rl(
             info = {
                 "base_model": model_path, "world_size": trainer.accelerator.num_processes, "anchors": len(dataset),
                 "model": model_summary(trainer.model), "sft_trained": sft_trained(sft_adapter),
-                "arguments": used_settings(trainer, script=script_args, warm_start=warm, model_config=model_args),
+                "arguments": used_settings(trainer, script=script_args, model_config=model_args),
             }  # fmt: skip
             write_json_atomic(Path(training_args.output_dir, RL_FINISHED), info)  # the marker: written last
     trainer.accelerator.wait_for_everyone()
 
     # 5. Report: held-out evaluation of base / SFT / RL models and baselines, plots, summary.
-    if script_args.report and trainer.accelerator.is_main_process:
+    if report is not None and trainer.accelerator.is_main_process:
         report_run(
-            script_args, warm, training_args, model_args, trainer, setup, sft_adapter, timings, started, background
+            script_args,
+            report,
+            warm_start,
+            training_args,
+            model_args,
+            trainer,
+            setup,
+            sft_adapter,
+            timings,
+            started,
+            background,
         )
         card = rl_model_card(script_args, training_args, model_args, trainer, setup, sft_adapter)
         write_model_card(training_args.output_dir, card)  # again, now with the held-out scores

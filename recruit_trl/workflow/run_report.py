@@ -21,7 +21,8 @@ from recruit_trl.models.loading import (
 )
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.versions import versions
-from recruit_trl.workflow.arguments import WarmStartArguments
+from recruit_trl.workflow.arguments import ReportArguments, WarmStartArguments
+from recruit_trl.workflow.configs import WarmStart
 from recruit_trl.workflow.evaluation.cache import cached_evaluation, evaluate_cached, evaluate_cached_runs
 from recruit_trl.workflow.evaluation.evaluate import EvalConfig
 from recruit_trl.workflow.evaluation.report import paired_differences, summary, training_curves, write_report
@@ -32,59 +33,60 @@ RL_FINISHED = "run_info.json"
 
 
 def report_runs(
-    script_args, training_args, model_args, setup: RunSetup, sft_adapter: str | None
+    prompts, report: ReportArguments, training_args, model_args, setup: RunSetup, sft_adapter: str | None
 ) -> list[tuple[str, str, EvalConfig, Path]]:
     """The report's evaluations as ``(label, policy, config, cache file)``: the base, SFT (``sft_adapter``, when RL
-    started from one) and RL models greedy (and sampled for ``--eval_sampled``), then ``--eval_baselines``."""
+    started from one) and RL models greedy (and sampled for ``eval_sampled``), then ``eval_baselines``, with the
+    run's prompts (``prompts``: its environment, ``recent_k``)."""
     out = Path(training_args.output_dir)
     policies = {}
-    if script_args.eval_episodes:
+    if report.eval_episodes:
         policies["base"] = f"model:{setup.model_path}"
         if sft_adapter:
             policies["sft"] = f"model:{sft_adapter}"
         policies["grpo"] = f"model:{out}"
-    policies.update({name: name for name in script_args.eval_baselines})
+    policies.update({name: name for name in report.eval_baselines})
     config = EvalConfig(
-        env=script_args.env_name,
+        env=prompts.env_name,
         model_loading=loading_config(model_args),  # the models are evaluated loaded as they were trained
         tasks=tuple(setup.tasks),
-        seeds=tuple(parse_int_ranges(script_args.eval_seeds)),
-        contract=script_args.contract,
-        recent_k=script_args.recent_k,
-        constrained=script_args.eval_constrained,
-        **eval_backend(script_args, training_args),
+        seeds=tuple(parse_int_ranges(report.eval_seeds)),
+        contract=prompts.contract,
+        recent_k=prompts.recent_k,
+        constrained=report.eval_constrained,
+        **eval_backend(report, training_args),
     )
     runs = []
     for label, policy in policies.items():
         runs.append((label, policy, config))
-        if label in script_args.eval_sampled and script_args.eval_temperature > 0:
-            sampled = replace(config, temperature=script_args.eval_temperature, top_p=script_args.eval_top_p)
+        if label in report.eval_sampled and report.eval_temperature > 0:
+            sampled = replace(config, temperature=report.eval_temperature, top_p=report.eval_top_p)
             runs.append((f"{label}-sampled", policy, sampled))
     return [(label, policy, cfg, out / "eval" / f"{label}.json") for label, policy, cfg in runs]
 
 
-def eval_backend(script_args, training_args) -> dict[str, Any]:
+def eval_backend(report: ReportArguments, training_args) -> dict[str, Any]:
     """How the models' episodes are played: through vLLM in this process when the run generates with it
     (``--use_vllm``), else with transformers in :func:`eval_workers` processes."""
     if training_args.use_vllm:
         return {"backend": "vllm", "workers": 1}
-    return {"backend": "transformers", "workers": eval_workers(script_args)}
+    return {"backend": "transformers", "workers": eval_workers(report)}
 
 
-def eval_workers(script_args) -> int:
-    """``--eval_workers``; 0: one process per CPU core without a GPU (episodes are single-threaded Python and small
+def eval_workers(report: ReportArguments) -> int:
+    """``eval_workers``; 0: one process per CPU core without a GPU (episodes are single-threaded Python and small
     models), one with a GPU."""
     import os
 
     import torch
 
-    if script_args.eval_workers > 0:
-        return script_args.eval_workers
+    if report.eval_workers > 0:
+        return report.eval_workers
     return 1 if torch.cuda.is_available() else max(1, os.cpu_count() or 1)
 
 
-def start_baseline_evals(script_args, training_args, model_args, setup: RunSetup):
-    """Evaluate ``--eval_baselines`` in a background process while the warm start traces the teacher.
+def start_baseline_evals(prompts, report: ReportArguments | None, training_args, model_args, setup: RunSetup):
+    """Evaluate the report's ``eval_baselines`` in a background process while the warm start traces the teacher.
 
     Both are single-threaded Python (environment steps and the expert's lookahead), so on a 2-core machine one
     core would idle through the traces. Started only when the traces are about to be collected (the warm start's
@@ -97,11 +99,11 @@ def start_baseline_evals(script_args, training_args, model_args, setup: RunSetup
     import multiprocessing
 
     data_cached = Path(training_args.output_dir, "sft", "dataset", "stats.json").is_file()
-    if not script_args.report or training_args.world_size > 1 or data_cached:
+    if report is None or training_args.world_size > 1 or data_cached:
         return None
     runs = [
         (label, policy, replace(cfg, workers=1), str(path))  # one process: it shares the machine with the warm start
-        for label, policy, cfg, path in report_runs(script_args, training_args, model_args, setup, None)
+        for label, policy, cfg, path in report_runs(prompts, report, training_args, model_args, setup, None)
         if not policy.startswith("model:") and cached_evaluation(policy, cfg, label, path) is None
     ]
     if not runs:
@@ -117,7 +119,8 @@ def start_baseline_evals(script_args, training_args, model_args, setup: RunSetup
 
 def report_run(
     script_args,
-    warm: WarmStartArguments,
+    report_args: ReportArguments,
+    warm_start: WarmStart | None,
     training_args,
     model_args,
     trainer,
@@ -131,7 +134,8 @@ def report_run(
 
     Args:
         script_args: the recipe's arguments.
-        warm: the warm start's settings.
+        report_args: the report's settings (its config file, ``--report_config``).
+        warm_start: the warm start's config (``--sft_config``; ``None``: none, the teacher is the fallback agent).
         training_args: the trainer's ``GRPOConfig``.
         model_args: the ``ModelConfig`` every stage loaded the model with.
         trainer: the trained trainer (its model, state and log history).
@@ -146,15 +150,17 @@ def report_run(
     if background is not None:
         background[0].join()  # its cache files are read below; anything it did not finish is evaluated here
     results, per_episode = [], {}
-    for label, policy, cfg, cache in report_runs(script_args, training_args, model_args, setup, sft_adapter):
+    warm = warm_start.warm if warm_start is not None else WarmStartArguments()
+    runs = report_runs(script_args, report_args, training_args, model_args, setup, sft_adapter)
+    for label, policy, cfg, cache in runs:
         part = evaluate_cached(policy, cfg, label, cache)  # a re-run does not redo finished evaluations
         results.extend(part["results"])
         per_episode[label] = part["config"]["seconds_per_episode"][label]
     timings["eval"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     decisions = None
-    if script_args.eval_decisions:
-        decisions = decision_report(script_args, warm, model_args, trainer, setup, sft_adapter)
+    if report_args.eval_decisions:
+        decisions = decision_report(script_args, report_args, warm, model_args, trainer, setup, sft_adapter)
     timings["eval_decisions"] = time.perf_counter() - t0
     sft_report = Path(sft_adapter, "heldout_report.json") if sft_adapter else None
     reference = "sft" if any(r["policy"] == "sft" for r in results) else "base"
@@ -172,6 +178,8 @@ def report_run(
         "config": {
             "script": {k: v for k, v in vars(script_args).items()},
             "warm_start": {k: v for k, v in vars(warm).items()},
+            "sft_config": str(warm_start.path) if warm_start is not None else None,
+            "report": {k: v for k, v in vars(report_args).items()},
             "sft_adapter": sft_adapter,
             "sft_full_finetune_resolved": sft_trained(sft_adapter) == "full",
             "rl_full_finetune_resolved": model_summary(trainer.model)["trained"] == "full",
@@ -202,8 +210,8 @@ def report_run(
                 "load_in_4bit": model_args.load_in_4bit,
                 "load_in_8bit": model_args.load_in_8bit,
             },  # fmt: skip
-            "eval_seeds": script_args.eval_seeds,
-            "eval_sampling": {"temperature": script_args.eval_temperature, "top_p": script_args.eval_top_p},
+            "eval_seeds": report_args.eval_seeds,
+            "eval_sampling": {"temperature": report_args.eval_temperature, "top_p": report_args.eval_top_p},
             "eval_seconds_per_episode": per_episode,
             "eval_in_background": background[1] if background is not None else [],
             # Every RL setting as the trainer, optimizer and model held it (the warm start's: report["sft"]).
@@ -220,10 +228,16 @@ def report_run(
 
 
 def decision_report(
-    script_args, warm: WarmStartArguments, model_args, trainer, setup: RunSetup, sft_adapter: str | None
+    script_args,
+    report: ReportArguments,
+    warm: WarmStartArguments,
+    model_args,
+    trainer,
+    setup: RunSetup,
+    sft_adapter: str | None,
 ) -> dict:
-    """Decision-level measures on held-out states (``--decision_seeds`` x ``--decision_days``, reached by the
-    teacher; a fixed stratified subset of ``--decision_rows``): the benchmark table (strict JSON, valid action,
+    """Decision-level measures on held-out states (``decision_seeds`` x ``decision_days``, reached by the
+    teacher; a fixed stratified subset of ``decision_rows``): the benchmark table (strict JSON, valid action,
     teacher match, invalid count; greedy, free decoding) and the state value of each policy's action (the final
     score after the continuation policy plays on from it, common random numbers), for the base, SFT and RL models,
     the teacher and the safe agent, with paired differences to the SFT model. Cached in ``eval/decisions.json``,
@@ -239,12 +253,12 @@ def decision_report(
         policies["sft"] = f"model:{sft_adapter}"
     policies.update({"grpo": f"model:{out}", warm.teacher: warm.teacher, "safe": "safe"})
     key = {
-        "policies": policies, "step": trainer.state.global_step, "seeds": script_args.decision_seeds,
-        "days": script_args.decision_days, "rows": script_args.decision_rows, "teacher": warm.teacher,
+        "policies": policies, "step": trainer.state.global_step, "seeds": report.decision_seeds,
+        "days": report.decision_days, "rows": report.decision_rows, "teacher": warm.teacher,
         "tasks": list(setup.tasks), "contract": script_args.contract, "recent_k": script_args.recent_k,
         "continuation": script_args.continuation_policy, "model_loading": loading_config(model_args),
-        "continuations": script_args.decision_continuations,
-        "benchmark": [script_args.benchmark_constrained, script_args.benchmark_base_heldout],
+        "continuations": report.decision_continuations,
+        "benchmark": [report.benchmark_constrained, report.benchmark_base_heldout],
         "sft": {k: v for k, v in vars(warm).items()},
         "env": script_args.env_name, "weights": {
             label: model_fingerprint(p[len("model:") :]) for label, p in policies.items() if p.startswith("model:")
@@ -256,35 +270,42 @@ def decision_report(
         return cached["result"]
     interface = setup.interface
     states = decision_set(
-        interface, setup.tasks, parse_int_ranges(script_args.decision_seeds),
-        parse_int_ranges(script_args.decision_days), teacher=warm.teacher, contract=script_args.contract,
+        interface, setup.tasks, parse_int_ranges(report.decision_seeds),
+        parse_int_ranges(report.decision_days), teacher=warm.teacher, contract=script_args.contract,
         recent_k=script_args.recent_k,
     )  # fmt: skip
-    states = sample_decisions(interface, states, script_args.decision_rows)
+    states = sample_decisions(interface, states, report.decision_rows)
     result = evaluate_decisions(
         interface, policies, states, reference="sft" if "sft" in policies else warm.teacher,
-        continuation=script_args.continuation_policy, continuation_seeds=script_args.decision_continuations,
+        continuation=script_args.continuation_policy, continuation_seeds=report.decision_continuations,
         model_loading=key["model_loading"],
     )  # fmt: skip
     if warm.sft_data == "teacher_sets":
-        result["sets"] = set_benchmark(script_args, warm, setup.tasks, model_args, policies, out)
+        result["sets"] = set_benchmark(script_args, report, warm, setup.tasks, model_args, policies, out)
     write_json_atomic(cache, {"key": key, "result": result})
     return result
 
 
 def set_benchmark(
-    script_args, warm: WarmStartArguments, tasks: list[str], model_args, policies: dict[str, str], out: Path
+    script_args,
+    report: ReportArguments,
+    warm: WarmStartArguments,
+    tasks: list[str],
+    model_args,
+    policies: dict[str, str],
+    out: Path,
 ) -> dict:
     """The benchmark table of ``policies`` on the warm start's teacher decision sets (``fixed`` and ``heldout``,
-    ``--sft_heldout_rows`` of each when set; free decoding, the constrained teacher match beside it with
-    ``--benchmark_constrained``; the base model on the held-out set too with ``--benchmark_base_heldout``)."""
+    the warm start's ``sft_heldout_rows`` of each when set; free decoding, the constrained teacher match beside it
+    with the report's ``benchmark_constrained``; the base model on the held-out set too with its
+    ``benchmark_base_heldout``)."""
     from recruit_trl.workflow.warm_start import benchmark_sets, set_config
 
     config = set_config(script_args, warm, tasks)
     data_dir = out / "sft" / "dataset"
     return benchmark_sets(
         config, policies, data_dir, warm.sft_heldout_rows, loading_config(model_args),
-        constrained=script_args.benchmark_constrained, base_heldout=script_args.benchmark_base_heldout,
+        constrained=report.benchmark_constrained, base_heldout=report.benchmark_base_heldout,
     )  # fmt: skip
 
 

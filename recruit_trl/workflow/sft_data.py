@@ -8,7 +8,7 @@ policy of the GRPO and REINFORCE recipes. The split is by reset seed (no episode
 Action-type balancing caps every action type at ``max_type_fraction`` of the training rows by subsampling the
 over-represented types: the reference's own SFT collapsed to 100% ``adjust_strategy``; a model trained on
 balanced data cannot win by always predicting the majority action. There is no cap unless one is asked for
-(``--sft_max_type_fraction``, or an environment's recipe defaults: clinical 0.35, conquest 0.25): a cap chosen for
+(``sft_max_type_fraction``; the configs in ``recipes/configs``: clinical 0.35, conquest 0.25): a cap chosen for
 one environment's action types can discard most rows of another, whose teacher plays one or two types most of the
 time.
 

@@ -53,9 +53,9 @@ from recruit_trl.models.loading import (
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.rollout.config import PromptConfig
 from recruit_trl.workflow.arguments import WarmStartArguments
+from recruit_trl.workflow.configs import WarmStart
 from recruit_trl.workflow.decisions.benchmark import format_result, run_benchmark
 from recruit_trl.workflow.decisions.teacher_sets import SetConfig
-from recruit_trl.workflow.defaults import sft_defaults
 from recruit_trl.workflow.model_card import sft_model_card, write_model_card
 from recruit_trl.workflow.model_setup import RunSetup, full_finetune, last_checkpoint, model_init_kwargs
 from recruit_trl.workflow.sft_data import (
@@ -302,38 +302,31 @@ def set_config(prompts: PromptConfig, warm: WarmStartArguments, tasks: Sequence[
 
 
 def run_warm_start(
-    script_args: Any, warm: WarmStartArguments, training_args: Any, model_args: ModelConfig, setup: RunSetup
+    script_args: Any, warm_start: WarmStart, training_args: Any, model_args: ModelConfig, setup: RunSetup
 ) -> str:
     """The RL recipes' warm start: :func:`train_sft` into ``<output_dir>/sft`` (skipped when already finished
-    there); returns that folder.
+    there) with the SFT config ``warm_start`` (:func:`recruit_trl.workflow.configs.read_warm_start`); returns that
+    folder.
 
-    ``script_args`` are the RL recipe's (:class:`recruit_trl.workflow.arguments.ScriptArguments`: the environment and
-    prompts, the warm start's training budget), ``warm`` the warm start's settings, ``setup`` what the run resolved
-    (the tasks and the base model). The SFT stage gets this run's ``ModelConfig`` (quantisation, dtype, attention,
-    LoRA rank / alpha / targets), so the warm start loads and trains the model exactly as RL will; only ``use_peft`` is
-    set by ``--sft_full_finetune``. Its ``SFTConfig`` is :func:`sft_defaults` with this run's seed, precision and
-    device settings and the ``--sft_epochs`` / ``--sft_learning_rate`` / ``--sft_batch_size`` / ``--sft_max_steps``
-    budget.
+    It is the SFT recipe run with that config on this RL run's footing: ``script_args``' environment and prompts,
+    ``setup``'s tasks and base model, ``model_args`` (the model loaded and its LoRA adapter shaped exactly as RL will
+    load and continue it) and ``training_args``' seed, precision and device. From the config come the teacher, its
+    data and DAgger (``warm_start.warm``), the budget and the trainer's settings (``warm_start.training``) and whether
+    every weight trains (its ``use_peft``).
     """
-    full = full_finetune(script_args.sft_full_finetune, model_args)
     # activation_checkpointing, not its deprecated alias gradient_checkpointing (a config given the old name warns),
     # where transformers has it (not before 5.18, which vLLM's CPU build pins)
     names = ("activation_checkpointing", "gradient_checkpointing")
     checkpointing = next(name for name in names if hasattr(training_args, name))
     shared = ("seed", "bf16", "fp16", "use_cpu", checkpointing, "model_init_kwargs")
-    sft_config = SFTConfig(
-        **{
-            **sft_defaults(),
-            **{k: getattr(training_args, k) for k in shared},
-            "output_dir": str(Path(training_args.output_dir) / "sft"),
-            "num_train_epochs": script_args.sft_epochs,
-            "learning_rate": script_args.sft_learning_rate or (3e-4 if full else 1e-3),
-            "per_device_train_batch_size": script_args.sft_batch_size,
-            "max_steps": script_args.sft_max_steps,
-        }
+    sft_config = replace(
+        warm_start.training,
+        **{k: getattr(training_args, k) for k in shared},
+        output_dir=str(Path(training_args.output_dir) / "sft"),
     )
-    sft_model_args = replace(model_args, model_name_or_path=setup.model_path, use_peft=not full)
-    train_sft(script_args, warm, sft_config, sft_model_args, setup)
+    sft_model_args = replace(model_args, model_name_or_path=setup.model_path, use_peft=warm_start.model.use_peft)
+    full_finetune(sft_model_args)  # refuses every weight of a quantised model
+    train_sft(script_args, warm_start.warm, sft_config, sft_model_args, setup)
     return sft_config.output_dir
 
 

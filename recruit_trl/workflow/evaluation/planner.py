@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from recruit_trl.protocol import FALLBACK_POLICY, Action, EnvInterface, MultiStepEnv
+from recruit_trl.protocol import Action, EnvInterface, MultiStepEnv
 from recruit_trl.rollout.config import TO_THE_END, RolloutConfig
 from recruit_trl.rollout.continuation import Scorer, day_seed
 
@@ -48,9 +48,8 @@ def planned_model(policy: str) -> str | None:
 
 
 def default_continuation(interface: EnvInterface) -> str:
-    """The environment's continuation policy of its RL recipes (what branch rollouts score with), else the fallback
-    agent."""
-    return str(interface.recipe_defaults.get("rl", {}).get("continuation_policy", FALLBACK_POLICY))
+    """The environment's continuation policy (:attr:`recruit_trl.protocol.EnvInterface.continuation_policy`)."""
+    return interface.continuation_policy
 
 
 @dataclass(frozen=True)
