@@ -145,3 +145,14 @@ def test_a_config_is_found_by_its_name_from_any_folder(tmp_path, monkeypatch):
         "sft_clinical_smollm2.yaml",
         12,
     )
+
+
+def test_reinforce_config_is_the_main_jobs_with_reinforces_settings():
+    """Written in full, the two files could drift: they differ by REINFORCE's settings and the output folder only."""
+    from recruit_trl.training.trainer import REINFORCE_SETTINGS
+
+    grpo = yaml.safe_load((CONFIGS / "grpo_clinical.yaml").read_text())
+    reinforce = yaml.safe_load((CONFIGS / "reinforce_clinical.yaml").read_text())
+    differ = {key for key in grpo.keys() | reinforce.keys() if grpo.get(key) != reinforce.get(key)}
+    assert differ == {"output_dir", "scale_rewards", "loss_type", "num_iterations"}
+    assert {key: reinforce.get(key, grpo.get(key)) for key in REINFORCE_SETTINGS} == REINFORCE_SETTINGS

@@ -45,7 +45,7 @@ def test_reinforce_recipe_advantages_match_hand_computation(warm_model, tmp_path
     recipe = load_recipe("reinforce_clinical")
     args = recipe.parse_args(["--model_name_or_path", warm_model, "--max_steps", "1", "--output_dir", str(tmp_path),
                               *SMALL])  # fmt: skip
-    assert args[2].scale_rewards == "none" and args[2].loss_type == "dr_grpo" and args[2].beta == 0.0
+    assert args[1].scale_rewards == "none" and args[1].loss_type == "dr_grpo" and args[1].beta == 0.0
     CapturingTrainer.captured = []
     recipe.main(*args, trainer_cls=CapturingTrainer)
     out, logged = CapturingTrainer.captured[0]

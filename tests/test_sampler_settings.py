@@ -39,11 +39,22 @@ def test_constrained_decoding_refuses_sampling_settings_its_sampler_and_loss_do_
     assert not (tmp_path / "out").exists()
 
 
+# Each recipe's own config (the tiny model) and SmolLM2's: its config, or the model and its warm start named.
+SMOLLM2 = {
+    "grpo_clinical": ["--config", "grpo_clinical_smollm2.yaml"],
+    "grpo_conquest": ["--config", "grpo_conquest_smollm2.yaml"],
+    "reinforce_clinical": ["--model_name_or_path", "smollm2", "--use_peft", "true", "--sft_config",
+                           "sft_clinical_smollm2.yaml", "--report_config", "report_clinical_smollm2.yaml"],
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("recipe", ["grpo_clinical", "grpo_conquest", "reinforce_clinical"])
 @pytest.mark.parametrize("model", ["tiny", "smollm2"])
 def test_the_shipped_recipes_take_constrained_decoding_with_their_own_defaults(tmp_path, recipe, model):
-    flags = ["--output_dir", str(tmp_path), "--model_name_or_path", model, "--constrained_decoding", "true"]
-    script_args, _, training_args, _ = load_recipe(recipe).parse_args(flags)
+    flags = ["--output_dir", str(tmp_path), *(SMOLLM2[recipe] if model == "smollm2" else []),
+             "--constrained_decoding", "true"]  # fmt: skip
+    script_args, training_args, model_args = load_recipe(recipe).parse_args(flags)
+    assert model_args.model_name_or_path == model
     assert script_args.constrained_decoding
     # temperature is no refusal: the sampler and the loss both divide the logits by it
     load_recipe(recipe).parse_args([*flags, "--temperature", "0.7"])

@@ -323,8 +323,20 @@ def built_num_parameters(model_path: str) -> int | None:
 
 
 def evaluate_versions() -> dict:
-    """Library versions, as the evaluation records them."""
-    return versions()
+    """Library versions, as the evaluation records them, and the CPU: the tiny model's build and every float after it
+    are reproducible to the digit on one CPU model, not across models (their vector units round differently)."""
+    return {**versions(), "cpu": cpu_model()}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` knows)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as lines:
+            return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def decision_section(report: dict[str, Any]) -> str:
