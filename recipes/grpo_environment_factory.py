@@ -49,6 +49,7 @@ from recruit_trl.workflow.parsing import parse_or_exit
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
+import torch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, get_peft_config  # noqa: E402
 
@@ -177,6 +178,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, GRPOConf
     """
     types = (ScriptArguments, GRPOConfig, ModelConfig)
     script_args, training_args, model_args = parse_recipe(types, "grpo_environment_factory.yaml", argv)
+    if training_args.use_vllm and not torch.cuda.is_available():
+        raise ValueError("--use_vllm true: the tool loop generates through TRL's own vLLM path, which this "
+                         "project runs on a GPU only (its CPU engine is the rollout recipes'); drop it without a "
+                         "GPU")  # fmt: skip
     weights = training_args.reward_weights
     if weights is not None and len(weights) != len(script_args.reward_funcs):
         raise ValueError(f"--reward_weights {weights} must give one weight per --reward_funcs "

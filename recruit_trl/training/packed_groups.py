@@ -270,7 +270,7 @@ class PackedGroups:
         scored = attention_mask[:, -logits_to_keep:].bool()
         gap = float((got - want).abs()[scored].max()) if scored.any() else 0.0
         dtype = unwrapped_causal_lm(self.accelerator, model).get_input_embeddings().weight.dtype
-        if gap > CHECK_TOLERANCE.get(dtype, CHECK_TOLERANCE_HALF):
+        if not gap <= CHECK_TOLERANCE.get(dtype, CHECK_TOLERANCE_HALF):  # a NaN gap is no match either
             self._packing_off = (
                 f"the packed log-probabilities of the first batch differ from the unpacked ones by {gap:.3g} (the "
                 "model does not honour the packed attention mask)"

@@ -390,6 +390,7 @@ def check_vllm_arguments(training_args: Any, model_args: Any) -> None:
     """
     if not training_args.use_vllm:
         return
+    check_rollout_vllm_settings(training_args)
     import torch
 
     from recruit_trl.models.vllm_engine import check_cpu_settings, require_vllm
@@ -398,6 +399,27 @@ def check_vllm_arguments(training_args: Any, model_args: Any) -> None:
     if not torch.cuda.is_available():
         quantised = getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False)
         check_cpu_settings(training_args.vllm_mode, training_args.world_size, quantised)
+
+
+def check_rollout_vllm_settings(training_args: Any) -> None:
+    """Refuse the vLLM settings recruit_trl's rollouts cannot honour: they generate through a colocated engine in
+    the training process (server mode syncs weights to another process the rollouts never call), keep its KV cache
+    awake between generations (sleep mode frees it after TRL's own generation step, which the rollouts replace) and
+    send each rank's own prompts (a tensor-parallel group expects the same prompts on every rank).
+
+    Raises:
+        ValueError: one line naming the flag and the fix.
+    """
+    if training_args.vllm_mode != "colocate":
+        raise ValueError(f"--vllm_mode {training_args.vllm_mode}: recruit_trl's rollouts generate through a colocated "
+                         "engine; use --vllm_mode colocate")  # fmt: skip
+    if training_args.vllm_enable_sleep_mode:
+        raise ValueError("--vllm_enable_sleep_mode true: recruit_trl's rollouts generate between TRL's steps, with "
+                         "the engine asleep; drop it (or --use_vllm false)")  # fmt: skip
+    if training_args.vllm_tensor_parallel_size > 1:
+        raise ValueError(f"--vllm_tensor_parallel_size {training_args.vllm_tensor_parallel_size}: recruit_trl's "
+                         "rollouts send each rank's own prompts, which a tensor-parallel group cannot take; "
+                         "use 1")  # fmt: skip
 
 
 def check_quantised_training(model_args: Any, full_finetune: bool, flags: str) -> None:

@@ -146,6 +146,9 @@ def train_sft(
         trainer.save_model(args.output_dir)
         settings = used_settings(trainer, script=prompts, warm_start=warm, model_config=model_args)
         write_json_atomic(round_dir / SETTINGS_FILE, settings)
+        # The next round's students load this round's weights on every rank: none reads them before rank 0 has
+        # written them (save_model writes on the main process only, without a barrier).
+        trainer.accelerator.wait_for_everyone()
         model = trainer.model
     selected, selection = rounds, None
     if rounds > 0 and warm.sft_keep_best_round:
