@@ -69,3 +69,29 @@ def test_a_removed_helper_fails(monkeypatch):
     monkeypatch.delattr(trl.trainer.utils, "split_tensor_dict")
     with pytest.raises(RuntimeError, match=r"has no trl\.trainer\.utils\.split_tensor_dict"):
         check_trl_private_api()
+
+
+def test_another_series_fails(monkeypatch):
+    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    with pytest.raises(RuntimeError, match=r"written against trl 1\.16\.\*; trl 1\.17\.0 is installed"):
+        check_trl_private_api()
+
+
+def test_a_changed_body_of_an_overridden_method_fails_with_its_name(monkeypatch):
+    """Same signature, other source: the override was written against the old body (e.g. _prepare_inputs'
+    buffering), so the check names the method and both hashes."""
+
+    def _prepare_inputs(self, generation_batch):
+        return generation_batch  # a body that no longer buffers
+
+    monkeypatch.setattr(GRPOTrainer, "_prepare_inputs", _prepare_inputs)
+    with pytest.raises(RuntimeError) as error:
+        check_trl_private_api()
+    message = str(error.value)
+    assert "GRPOTrainer._prepare_inputs has other source" in message and "not f824e7fb07147956" in message
+    assert message.count("\n") == 0
+
+
+def test_every_overridden_or_replaced_member_has_its_source_pinned():
+    for entry in TRL_PRIVATE_API:
+        assert bool(entry.source) == entry.used_by.startswith(("overridden", "replaced")), entry.qualname

@@ -51,7 +51,7 @@ from recruit_trl.training.packed_groups import PackedGroups
 from recruit_trl.training.trl_api import check_trl_private_api
 from recruit_trl.training.vllm_colocate import cpu_vllm_generation
 
-check_trl_private_api()  # the classes below override TRL's private methods: refuse a TRL whose signatures changed
+check_trl_private_api()  # the classes below override TRL's private methods: refuse a TRL that changed them
 
 REINFORCE_SETTINGS = {"scale_rewards": "none", "beta": 0.0, "num_iterations": 1, "loss_type": "dr_grpo"}
 

@@ -3,13 +3,17 @@
 The RL trainers (:mod:`recruit_trl.training.trainer` and its mixins) override private ``GRPOTrainer`` methods and call
 them through ``super()`` with fixed arguments, and the length-sorted split calls TRL's batch helpers. A TRL release may
 rename, remove or re-sign any of them without notice; an override whose signature no longer matches would then be
-skipped or called with the wrong arguments, or would silently drop a new argument. :data:`TRL_PRIVATE_API` lists each
-one with its parameters (names and kinds, defaults and annotations left out) as TRL 1.16 has them, and
-:func:`check_trl_private_api` fails loudly when the installed TRL differs. Nothing runs at import.
+skipped or called with the wrong arguments, or would silently drop a new argument; and a method the project overrides
+or re-implements can keep its signature while its body changes what the override has to do (e.g. the buffering of
+``_prepare_inputs``). :data:`TRL_PRIVATE_API` lists each one with its parameters (names and kinds, defaults and
+annotations left out) as TRL 1.16.0 has them and, for those overridden or replaced, a hash of their source;
+:func:`check_trl_private_api` fails loudly when the installed TRL is of another series or differs in any of them.
+Nothing runs at import of this module; the trainer module and the warm start's run the check when they are imported.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 from typing import Any, NamedTuple
@@ -19,30 +23,35 @@ TRL_SERIES = "1.16"  # the series pyproject.toml pins (trl==1.16.*)
 
 class PrivateMethod(NamedTuple):
     """One private callable: ``qualname`` (``Class.method`` or a function) in ``module``, its ``parameters`` as
-    ``inspect.signature`` prints them without defaults and annotations, and who relies on it."""
+    ``inspect.signature`` prints them without defaults and annotations, who relies on it and, for one the project
+    overrides or replaces, ``source``: the first 16 hex digits of the sha256 of its source in TRL 1.16.0
+    (:func:`source_hash`)."""
 
     module: str
     qualname: str
     parameters: str
     used_by: str
+    source: str = ""
 
 
 TRL_PRIVATE_API = (
     PrivateMethod(
         "trl", "GRPOTrainer._prepare_inputs", "(self, generation_batch)",
-        "overridden by training.length_batches.LengthSortedBatches",
+        "overridden by training.length_batches.LengthSortedBatches", "f824e7fb07147956",
     ),
     PrivateMethod(
         "trl", "GRPOTrainer._generate_and_score_completions", "(self, inputs)",
         "overridden by training.trainer.RecruitGRPOTrainer and legal_logprobs; called by length_batches",
+        "1fa48922792dcd5c",
     ),
     PrivateMethod(
         "trl", "GRPOTrainer._generate", "(self, prompts)",
         "overridden by training.legal_logprobs.LegalLogprobs (reads extra_fields, item 5 of its result)",
+        "2a27fdf8f5e6f356",
     ),
     PrivateMethod(
         "trl", "GRPOTrainer._compute_loss", "(self, model, inputs)",
-        "overridden by training.legal_logprobs.LegalLogprobs",
+        "overridden by training.legal_logprobs.LegalLogprobs", "80295546bbdbf6f7",
     ),
     # With legal sets the override scores the text itself from the first seven parameters and refuses any other
     # input (images and the like), so a parameter TRL adds would be refused or ignored: every parameter is checked.
@@ -51,22 +60,22 @@ TRL_PRIVATE_API = (
         "(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, "
         "pixel_values, image_grid_thw, num_images, pixel_attention_mask, spatial_shapes, num_tiles, image_sizes, "
         "token_type_ids, mm_token_type_ids, image_position_ids)",
-        "overridden by training.legal_logprobs.LegalLogprobs",
+        "overridden by training.legal_logprobs.LegalLogprobs", "ea73c3909275851d",
     ),
     # SFTTrainer inherits this one from transformers' Trainer.
     PrivateMethod(
         "trl", "SFTTrainer._get_train_sampler", "(self, train_dataset)",
-        "overridden by training.warm_start.WarmStartSFTTrainer",
+        "overridden by training.warm_start.WarmStartSFTTrainer", "1580d7493244e637",
     ),
     # Without a GPU, training.vllm_colocate replaces the engine's set-up and the weight sync of TRL's vLLM generator,
     # and patches the name GRPOTrainer builds it by.
     PrivateMethod(
         "trl.generation.vllm_generation", "VLLMGeneration._init_vllm", "(self)",
-        "overridden by training.vllm_colocate.CPUColocateGeneration",
+        "overridden by training.vllm_colocate.CPUColocateGeneration", "0e584002e0f6a9c0",
     ),
     PrivateMethod(
         "trl.generation.vllm_generation", "VLLMGeneration.sync_weights", "(self)",
-        "overridden by training.vllm_colocate.CPUColocateGeneration",
+        "overridden by training.vllm_colocate.CPUColocateGeneration", "63d669fb32304ff5",
     ),
     PrivateMethod(
         "trl.generation.vllm_generation", "VLLMGeneration._iter_named_params", "(self)",
@@ -79,6 +88,7 @@ TRL_PRIVATE_API = (
         "trust_remote_code, repetition_penalty, temperature, top_p, top_k, min_p, max_completion_length, logprobs, "
         "generation_kwargs)",
         "replaced by training.vllm_colocate.cpu_vllm_generation while a trainer is built without a GPU",
+        "4cc28317607b0ea9",
     ),
     PrivateMethod("trl.trainer.utils", "shuffle_sequence_dict", "(seq_dict)", "called by training.length_batches"),
     PrivateMethod(
@@ -94,16 +104,18 @@ TRL_PRIVATE_API = (
 
 
 def check_trl_private_api() -> None:
-    """Compare the installed TRL with :data:`TRL_PRIVATE_API`.
+    """Compare the installed TRL with :data:`TRL_PRIVATE_API` and its series with :data:`TRL_SERIES`.
 
     Raises:
-        RuntimeError: when a listed callable is missing or its parameters differ in name, order or kind; the
-            message names each one, with the signature recruit_trl expects and the one found, and the installed
-            TRL version.
+        RuntimeError: when TRL is of another series, or a listed callable is missing, its parameters differ in name,
+            order or kind, or its source differs from the one the override was written against; the message names
+            each one (with the signature recruit_trl expects and the one found) and the installed TRL version.
     """
     import trl
 
     problems = []
+    if not trl.__version__.startswith(f"{TRL_SERIES}."):
+        problems.append(f"recruit_trl was written against trl {TRL_SERIES}.*; trl {trl.__version__} is installed")
     for entry in TRL_PRIVATE_API:
         name = entry.qualname if entry.module == "trl" else f"{entry.module}.{entry.qualname}"
         expected = f"recruit_trl was written against trl {TRL_SERIES}'s {name}{entry.parameters} ({entry.used_by})"
@@ -116,6 +128,9 @@ def check_trl_private_api() -> None:
             defined = f"{found.__module__}.{found.__qualname__}"
             where = "" if defined.startswith("trl.") else f" (defined in {defined})"
             problems.append(f"{expected}; the installed trl {trl.__version__} has {name}{parameters}{where}")
+        elif entry.source and source_hash(found) != entry.source:
+            problems.append(f"{expected}; the installed trl {trl.__version__}'s {name} has other source (sha256 "
+                            f"{source_hash(found)}, not {entry.source}): re-read it against its override")  # fmt: skip
     if problems:
         raise RuntimeError("\n".join(problems) + f": pin trl=={TRL_SERIES}.*")
 
@@ -140,3 +155,12 @@ def _parameters(function: Any) -> str:
     empty = inspect.Parameter.empty
     bare = [p.replace(default=empty, annotation=empty) for p in signature.parameters.values()]
     return str(signature.replace(parameters=bare, return_annotation=empty))
+
+
+def source_hash(function: Any) -> str:
+    """The first 16 hex digits of the sha256 of ``function``'s source (``"<no source>"`` when it has none)."""
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return "<no source>"
+    return hashlib.sha256(source.encode()).hexdigest()[:16]

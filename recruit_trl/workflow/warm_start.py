@@ -52,6 +52,7 @@ from recruit_trl.models.loading import (
 )
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.rollout.config import PromptConfig
+from recruit_trl.training.trl_api import check_trl_private_api
 from recruit_trl.workflow.arguments import WarmStartArguments
 from recruit_trl.workflow.configs import WarmStart
 from recruit_trl.workflow.decisions.benchmark import format_result, run_benchmark
@@ -69,6 +70,8 @@ from recruit_trl.workflow.sft_data import (
     teacher_set_datasets,
     to_conversational,
 )
+
+check_trl_private_api()  # WarmStartSFTTrainer overrides a private SFTTrainer method: refuse a TRL that changed it
 
 # Written beside each round's weights: the settings its trainer ran with (recruit_trl.models.loading.used_settings).
 SETTINGS_FILE = "training_settings.json"
