@@ -6,6 +6,7 @@ it is measured against (the run's seed reaching the rollout, a flag of another m
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,44 @@ def test_the_permutation_is_drawn_from_seed_and_step_and_spares_evaluation(monke
     assert advantages_of(FixedAdvantages(seed=1)) != first
     assert advantages_of(FixedAdvantages(training=False)) == values
     assert advantages_of(FixedAdvantages(shuffle_advantages=False)) == values
+
+
+def test_the_control_draws_one_sign_per_batch_and_both_signs_occur(monkeypatch):
+    values = [0.75, -0.25, -0.25, -0.25]  # a skewed group: one success in four
+    fixed(monkeypatch, values)
+    signs = set()
+    for step in range(20):
+        drawn = advantages_of(FixedAdvantages(step=step))
+        sign = 1.0 if max(drawn) == pytest.approx(0.75) else -1.0
+        assert sorted(sign * a for a in drawn) == pytest.approx(sorted(values))
+        signs.add(sign)
+    assert signs == {1.0, -1.0}
+
+
+def adamw_step(advantages: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """The change of a softmax policy's logits after one AdamW step with clipping, on 4 rows that sampled actions
+    0, 1, 2, 3 of a 6-action softmax with ``advantages`` (the REINFORCE loss ``-mean(A * log p(a))``)."""
+    logits = torch.nn.Parameter(torch.tensor([0.3, -0.2, 0.1, 0.0, 0.5, -0.4], dtype=torch.float64))
+    optimizer = torch.optim.AdamW([logits], lr=0.1, weight_decay=0.0)
+    before = logits.detach().clone()
+    loss = -(advantages * torch.log_softmax(logits, -1)[torch.arange(4)]).mean()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([logits], max_norm)
+    optimizer.step()
+    return logits.detach() - before
+
+
+def test_averaged_over_permutations_and_signs_one_adamw_step_with_clipping_is_zero():
+    """The control is a null of the update, not only of the expected gradient: over every permutation of a skewed
+    group's advantages one AdamW step with clipping moves the logits on average (Adam divides each coordinate by its
+    own scale, clipping shrinks large gradients more), over every permutation and both signs it does not."""
+    advantages = torch.tensor([0.75, -0.25, -0.25, -0.25], dtype=torch.float64)
+    permuted = [advantages[list(order)] for order in itertools.permutations(range(4))]
+    for max_norm in (1.0, 0.05):  # clipping off and on (the gradient's norm is about 0.2)
+        without_sign = torch.stack([adamw_step(a, max_norm) for a in permuted]).mean(0)
+        with_sign = torch.stack([adamw_step(s * a, max_norm) for a in permuted for s in (1.0, -1.0)]).mean(0)
+        assert float(without_sign.abs().max()) > 1e-3
+        assert float(with_sign.abs().max()) < 1e-12
 
 
 def test_training_advantages_are_centred_in_both_arms_and_evaluation_ones_are_not(monkeypatch):

@@ -219,3 +219,19 @@ def test_the_tool_loop_refuses_vllm_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="--use_vllm true: the tool loop"):
         load_recipe("grpo_environment_factory").parse_args(["--use_vllm", "true"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--num_iterations", "2"], r"--num_iterations must be 1 with --shuffle_advantages"),
+        (["--steps_per_generation", "2"], r"--steps_per_generation must be <= --gradient_accumulation_steps \(1\)"),
+    ],
+    ids=["num-iterations", "steps-per-generation"],
+)
+def test_the_control_refuses_settings_that_break_its_null(tmp_path, flags, named):
+    """The control's sign is a null of one optimizer step per generation batch, trained on once."""
+    recipe = load_recipe("grpo_clinical")
+    recipe.parse_args(["--output_dir", str(tmp_path / "out"), *flags])  # the treatment takes them
+    with pytest.raises(ValueError, match=named):
+        recipe.parse_args(["--output_dir", str(tmp_path / "out"), "--shuffle_advantages", "true", *flags])

@@ -65,7 +65,13 @@ class RecruitGRPOTrainer(PackedGroups, LegalLogprobs, LengthSortedBatches, GRPOT
         episode_advantages: train each row on the ``advantage`` field its rollout returned (episode mode's
             :class:`~recruit_trl.rollout.rollout_funcs.EpisodeRollout`) instead of TRL's group advantages.
         shuffle_advantages: the control of a learning claim: the training rows' advantages permuted among the rows
-            of their generation batch, drawn from ``(args.seed, global step, process index)``.
+            of their generation batch and multiplied by one random sign, both drawn from ``(args.seed, global step,
+            process index)``. The permutation takes the credit away (the mean gradient over permutations is zero);
+            the sign makes each optimizer step's update distribution symmetric, so that its mean is zero under
+            AdamW and gradient clipping as well, which are not linear in the gradient (a skewed group's mean AdamW
+            step over permutations alone is not zero). That holds for one optimizer step per generation batch and
+            one pass over it: the recipes refuse the control with ``num_iterations > 1`` or ``steps_per_generation
+            > gradient_accumulation_steps``.
 
     Example::
 
@@ -94,7 +100,8 @@ class RecruitGRPOTrainer(PackedGroups, LegalLogprobs, LengthSortedBatches, GRPOT
         if self.model.training:  # evaluation batches are left as they are
             advantages = advantages - advantages.mean()
             if self.shuffle_advantages:
-                advantages = advantages[self._permutation(advantages.size(0)).to(advantages.device)]
+                permutation, sign = self._control_draw(advantages.size(0))
+                advantages = sign * advantages[permutation.to(advantages.device)]
         output["advantages"] = advantages
         return output
 
@@ -116,10 +123,12 @@ class RecruitGRPOTrainer(PackedGroups, LegalLogprobs, LengthSortedBatches, GRPOT
             zero_std[-1] = sum(1 for a in everyone if abs(a) < 1e-12) / max(1, len(everyone))
         return own
 
-    def _permutation(self, rows: int) -> torch.Tensor:
-        """The control's permutation of ``rows`` rows: a re-run permutes the same way."""
+    def _control_draw(self, rows: int) -> tuple[torch.Tensor, float]:
+        """The control's permutation of ``rows`` rows and its sign (+1 or -1): a re-run draws the same."""
         seed = (self.args.seed * 1_000_003 + self.state.global_step) * 257 + self.accelerator.process_index
-        return torch.randperm(rows, generator=torch.Generator().manual_seed(seed))
+        generator = torch.Generator().manual_seed(seed)
+        permutation = torch.randperm(rows, generator=generator)
+        return permutation, 1.0 if torch.rand((), generator=generator) < 0.5 else -1.0
 
 
 class RecruitReinforceTrainer(RecruitGRPOTrainer):

@@ -264,8 +264,9 @@ class ScriptArguments(RolloutConfig):
     shuffle_advantages: bool = field(
         default=False,
         metadata={"help": "The control of a learning claim, in every mode: the advantages the trainer computed are "
-                  "permuted among the rows of each optimizer step (recruit_trl.training.trainer), so the update "
-                  "has their size but no credit; what a run gains beyond its control is learnt from the credit."},
+                  "permuted among the rows of each optimizer step and multiplied by one random sign "
+                  "(recruit_trl.training.trainer), so the update has their size but no credit and no mean, under "
+                  "AdamW and clipping too; what a run gains beyond its control is learnt from the credit."},
     )  # fmt: skip
 
     # Where RL starts, and the report: each a config file of its own (recruit_trl.workflow.configs).

@@ -286,6 +286,13 @@ def check_rl_arguments(
         raise ValueError(f"--reward_weights {weights} must give one weight per --reward_funcs "
                          f"{script_args.reward_funcs}")  # fmt: skip
     check_value("temperature", training_args.temperature, training_args.temperature > 0, "> 0 (GRPO samples)")
+    if script_args.shuffle_advantages:  # the control is a null of one update per generation batch, one pass over it
+        check_value("num_iterations", training_args.num_iterations, training_args.num_iterations == 1,
+                    "1 with --shuffle_advantages (the control's sign is a null of one pass)")  # fmt: skip
+        steps, accumulation = training_args.steps_per_generation, training_args.gradient_accumulation_steps
+        check_value("steps_per_generation", steps, steps is None or steps <= accumulation,
+                    f"<= --gradient_accumulation_steps ({accumulation}) with --shuffle_advantages (one optimizer "
+                    "step per generation batch)")  # fmt: skip
     check_vllm_arguments(training_args, model_args)
     check_constrained_sampling(script_args, training_args)
     check_quantised_training(model_args, not model_args.use_peft, "--use_peft false (the command line or --config)")
