@@ -324,9 +324,9 @@ def _add_learning_check(subparsers: argparse._SubParsersAction) -> None:
         "control (true), from one start built once; evaluate the start and every model on the same held-out "
         "seeds (greedy and sampled at the training temperature); print each arm's mean +- SE across seeds, credit "
         "minus start, control minus start and credit minus control by seed with their t; write JSON (with the "
-        "commit) and a PNG of the training curves. Held-out seeds that training used are refused. A re-run reuses "
-        "runs and evaluations made at the same commit on a clean tree, and redoes the rest. The recipe flags, the "
-        "same for every run, follow '--'.",
+        "code's hash and commit) and a PNG of the training curves. Held-out seeds that training used are refused. "
+        "A re-run reuses runs and evaluations made by the same code (a hash of the files that run), and moves the "
+        "rest aside (never deleting) to make them again. The recipe flags, the same for every run, follow '--'.",
         usage="recruit-trl learning-check RECIPE [--seeds 0-2] [--eval_seeds SEEDS] [--json FILE] "
         "[--output_dir DIR] [--metric FIELD] [--greedy_only] -- RECIPE_FLAGS",
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import platform
 import subprocess
@@ -12,6 +13,11 @@ from recruit_trl import __version__
 
 # The folder above the package: the repository's top in a git checkout or an editable install.
 CODE_ROOT = Path(__file__).resolve().parents[1]
+# What runs when a recipe runs, below CODE_ROOT: the plugin, the environments, the rewards, the recipes and their
+# configs, and the test environment learning checks run on (tests/toy_env.py); docs and other tests do not run.
+CODE_FOLDERS = ("recruit_trl", "env", "rewards", "recipes")
+CODE_FILES = ("tests/toy_env.py",)
+CODE_SUFFIXES = (".py", ".yaml", ".json")
 
 
 def versions() -> dict[str, str]:
@@ -58,3 +64,19 @@ def code_commit(root: str | Path = CODE_ROOT) -> dict[str, Any]:
     if status is None:
         return unknown
     return {"commit": lines[1], "dirty": bool(status.strip())}
+
+
+def code_hash(root: str | Path = CODE_ROOT) -> str | None:
+    """A hash of the code that runs: every ``.py``, ``.yaml`` and ``.json`` file of :data:`CODE_FOLDERS` below
+    ``root`` and :data:`CODE_FILES`, by path and content (tracked by git or not: an untracked module there may be what
+    runs). The first 16 hex digits of a sha256; ``None`` when ``root`` holds no ``recruit_trl`` folder (an installed
+    package)."""
+    root = Path(root)
+    if not (root / "recruit_trl").is_dir():
+        return None
+    paths = [path for folder in CODE_FOLDERS if (root / folder).is_dir() for path in (root / folder).rglob("*")]
+    paths += [root / name for name in CODE_FILES]
+    digest = hashlib.sha256()
+    for path in sorted(p for p in paths if p.is_file() and p.suffix in CODE_SUFFIXES and "__pycache__" not in p.parts):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]

@@ -28,7 +28,7 @@ from recruit_trl.tools.learning_check import (
     seen_seeds,
     summarize,
 )
-from recruit_trl.versions import code_commit
+from recruit_trl.versions import code_commit, code_hash
 
 ROOT = Path(__file__).parents[1]
 # A toy run small enough for a test: both toy tasks, one anchor seed, a few anchor days, batches of 8 (4 generations).
@@ -397,63 +397,86 @@ def test_the_commit_is_read_from_git(tmp_path, monkeypatch):
     assert code_commit(ROOT) == {"commit": None, "dirty": None}
 
 
-def test_a_run_made_at_another_commit_is_made_again(warm_model, tmp_path, capsys, one_thread, commit):
-    """Runs are faked by the stand-in recipe (a copy of the start model): a run whose record names another commit is
-    emptied and trained again while the one of the current commit is reused; a dirty tree reuses nothing, and what a
-    dirty tree made is not reused at a clean one. The JSON and each folder's record carry the commit."""
+def test_a_run_made_by_other_code_is_moved_aside_and_made_again(warm_model, tmp_path, capsys, one_thread, commit):
+    """Runs are faked by the stand-in recipe (a copy of the start model): a run whose record names other code is moved
+    aside (nothing deleted) and trained again, while runs of the same code are reused at another commit or with a
+    dirty tree; a record from before the code's hash is reused only at the same commit, both trees clean. The JSON and
+    each folder's record carry the code, the commit and the tree's state."""
     recipe, calls, out = tmp_path / "stand_in.py", tmp_path / "calls.txt", tmp_path / "check"
     recipe.write_text(STAND_IN_RECIPE.format(calls=str(calls), recipe=str(ROOT / "recipes" / "grpo_clinical.py")))
     command = ["learning-check", str(recipe), "--seeds", "0", "--eval_seeds", "0", "--output_dir", str(out),
                "--no_progress", "--", *toy_flags(tmp_path), "--model_name_or_path", warm_model]  # fmt: skip
     assert main(command) == 0
+    here = code_hash()
     report = json.loads((out / "learning_check.json").read_text())
-    assert report["commit"] == "a" * 40 and report["dirty"] is False
+    assert (report["code"], report["commit"], report["dirty"]) == (here, "a" * 40, False)
     record = json.loads((out / "credit_seed0" / RUN_RECORD).read_text())
-    assert record["commit"] == "a" * 40 and record["dirty"] is False
+    assert (record["code"], record["commit"], record["dirty"]) == (here, "a" * 40, False)
     assert "--seed 0 --shuffle_advantages false" in record["command"]
     assert json.loads((out / "start" / RUN_RECORD).read_text())["command"] is None  # a given model: nothing builds it
     evals = {name: out / name / "eval" / "learning_check_greedy.json" for name in ("start", "credit_seed0",
                                                                                      "control_seed0")}  # fmt: skip
     stamps = {name: path.stat().st_mtime_ns for name, path in evals.items()}
 
-    # The credit run was trained at another commit: it alone is trained and evaluated again.
-    (out / "credit_seed0" / RUN_RECORD).write_text(json.dumps({**record, "commit": "b" * 40}))
-    (out / "credit_seed0" / "stale.txt").write_text("emptied before training again")
+    # Another commit, a dirty tree, the same code: everything is reused.
+    commit.update({"commit": "b" * 40, "dirty": True})
+    assert main(command) == 0
+    assert calls.read_text().splitlines() == ["false 0", "true 0"]
+    assert all(path.stat().st_mtime_ns == stamps[name] for name, path in evals.items())
+
+    # The credit run was trained by other code: it alone is moved aside, trained and evaluated again.
+    (out / "credit_seed0" / RUN_RECORD).write_text(json.dumps({**record, "code": "0" * 16}))
     capsys.readouterr()
     assert main(command) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "credit seed 0: trained at bbbbbbb, now aaaaaaa: training again" in lines
+    old, now = "aaaaaaa (code 00000000)", f"bbbbbbb with uncommitted changes (code {here[:8]})"
+    assert (
+        f"credit seed 0: trained at {old}, now {now}: training again; what it held is in credit_seed0.stale" in lines
+    )
+    assert json.loads((out / "credit_seed0.stale" / RUN_RECORD).read_text())["code"] == "0" * 16  # kept, aside
     assert calls.read_text().splitlines() == ["false 0", "true 0", "false 0"]
-    assert not (out / "credit_seed0" / "stale.txt").exists()
-    assert json.loads((out / "credit_seed0" / RUN_RECORD).read_text())["commit"] == "a" * 40
+    assert json.loads((out / "credit_seed0" / RUN_RECORD).read_text())["code"] == here
     report = json.loads((out / "learning_check.json").read_text())
     assert [r["status"] for r in report["runs"]] == ["trained", "skipped (finished before)"]
     assert evals["credit_seed0"].stat().st_mtime_ns != stamps["credit_seed0"]  # its evaluation made again
     for name in ("start", "control_seed0"):  # theirs read back
         assert evals[name].stat().st_mtime_ns == stamps[name]
 
-    # A dirty tree reuses nothing; at a clean tree again nothing the dirty one made is reused either.
-    commit["dirty"] = True
-    assert main(command) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert "code at aaaaaaa with uncommitted changes: nothing made before is reused" in lines
-    assert "start: evaluated at aaaaaaa, now aaaaaaa with uncommitted changes: evaluating it again" in lines
-    assert "control seed 0: trained at aaaaaaa, now aaaaaaa with uncommitted changes: training again" in lines
-    report = json.loads((out / "learning_check.json").read_text())
-    assert report["dirty"] is True and json.loads((out / "control_seed0" / RUN_RECORD).read_text())["dirty"] is True
+    # A record from before the hash: reused at its commit with both trees clean, else moved aside (a second one).
+    legacy = {k: v for k, v in json.loads((out / "control_seed0" / RUN_RECORD).read_text()).items() if k != "code"}
+    (out / "control_seed0" / RUN_RECORD).write_text(json.dumps({**legacy, "commit": "b" * 40, "dirty": False}))
     commit["dirty"] = False
     assert main(command) == 0
-    assert "credit seed 0: trained at aaaaaaa with uncommitted changes, now aaaaaaa: training again" in (
-        capsys.readouterr().out.splitlines()
-    )
+    assert calls.read_text().splitlines() == ["false 0", "true 0", "false 0"]
+    (out / "control_seed0" / RUN_RECORD).write_text(json.dumps({**legacy, "commit": "c" * 40, "dirty": False}))
+    (out / "control_seed0.stale").mkdir()  # taken: the next name is used
+    assert main(command) == 0
+    assert "control seed 0: trained at ccccccc, now bbbbbbb (code " in capsys.readouterr().out
+    assert (out / "control_seed0.stale-2" / RUN_RECORD).is_file()
     # and a folder without a record (an older check's) is made again too
     (out / "control_seed0" / RUN_RECORD).unlink()
     assert main(command) == 0
-    assert "control seed 0: no record of the commit it was trained at: training again" in (
-        capsys.readouterr().out.splitlines()
+    assert (
+        "control seed 0: no record of the code it was trained with: training again; what it held is in "
+        "control_seed0.stale-3" in capsys.readouterr().out.splitlines()
     )
-    assert calls.read_text().splitlines() == ["false 0", "true 0", "false 0", "false 0", "true 0", "false 0",
-                                              "true 0", "true 0"]  # fmt: skip
+    assert calls.read_text().splitlines() == ["false 0", "true 0", "false 0", "true 0", "true 0"]
+
+
+def test_the_code_hash_follows_what_runs_and_nothing_else(tmp_path):
+    """The hash changes with a module, a recipe config or the toy environment, not with docs or other tests."""
+    for folder in ("recruit_trl", "env", "rewards", "recipes/configs", "tests", "docs"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "recruit_trl" / "a.py").write_text("x = 1\n")
+    first = code_hash(tmp_path)
+    (tmp_path / "docs" / "notes.md").write_text("docs")
+    (tmp_path / "tests" / "test_x.py").write_text("def test(): pass\n")
+    assert code_hash(tmp_path) == first
+    for path in ("recipes/configs/run.yaml", "tests/toy_env.py", "env/b.py"):
+        (tmp_path / path).write_text("changed: 1\n")
+        assert code_hash(tmp_path) != first
+        first = code_hash(tmp_path)
+    assert code_hash(tmp_path / "docs") is None  # no recruit_trl folder: an installed package
 
 
 # --------------------------------------------------------------------------------------------------

@@ -35,16 +35,16 @@ both arms from one shared start and compares them on held-out episodes:
    and a PNG of both arms' training curves (``episode/outcome`` in episode mode, else ``reward``, from each run's
    ``trainer_state.json``).
 
-The code's commit (:func:`recruit_trl.versions.code_commit`: ``git rev-parse HEAD`` of the checkout the code runs
-from, and whether ``git status --porcelain`` lists anything; ``None`` outside a git checkout) is in the JSON
-(``commit``, ``dirty``) and, before anything is made there, in the start's and each run's folder
-(``learning_check_run.json``: ``commit``, ``dirty``, ``command``). A folder is reused (its finished run, its start,
-its cached evaluations) only when that record names the current commit and both the record and the current tree are
-clean; any other folder (another commit, a dirty tree then or now, no git checkout, no record) is emptied and made
-again, with one line in the log (``credit seed 1: trained at abc1234, now def5678: training again``). A dirty tree
-thus reuses nothing, not even what it made itself: its code is in no commit, so results made by one uncommitted
-version cannot be told from another's; commit before a check that is to be resumed. The check's folder belongs in an
-ignored folder (the default ``outputs/`` is), or its own files make the tree dirty.
+The code that runs (:func:`code_state`: the hash of the plugin's, environments', rewards' and recipes' files,
+:func:`recruit_trl.versions.code_hash`, beside the checkout's commit and whether its tree was dirty) is in the JSON
+(``code``, ``commit``, ``dirty``) and, before anything is made there, in the start's and each run's folder
+(``learning_check_run.json``: ``code``, ``commit``, ``dirty``, ``command``). A folder is reused (its finished run, its
+start, its cached evaluations) when its record names the same code hash, whatever the commit (a docs-only commit, an
+untracked file outside the code's folders change nothing that runs); a record from before the hash is reused only at
+the same commit with both trees clean. Any other folder is moved aside, never deleted (``<name>.stale``,
+``<name>.stale-2``, ...), and made again, with one line in the log (``credit seed 1: trained at abc1234 (code
+0123abcd), now def5678 (code 4567cdef): training again; what it held is in credit_seed1.stale``). The check's folder
+belongs in an ignored folder (the default ``outputs/`` is).
 
 This module imports no torch at import time: the recipe (and with it TRL) is loaded when the check runs.
 """
@@ -57,7 +57,6 @@ import io
 import math
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -73,7 +72,7 @@ from recruit_trl.files import read_json, save_figure_atomic, write_json_atomic
 from recruit_trl.models.loading import is_trained, loading_config
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
-from recruit_trl.versions import code_commit, versions
+from recruit_trl.versions import code_commit, code_hash, versions
 from recruit_trl.workflow.arguments import NONE, ReportArguments, ScriptArguments, WarmStartArguments
 from recruit_trl.workflow.configs import read_report_config, read_warm_start
 from recruit_trl.workflow.evaluation.cache import evaluate_cached
@@ -581,49 +580,66 @@ def run_logged(argv: Sequence[str], log: Path) -> int:
         return subprocess.run(list(argv), stdout=stream, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
 
 
+def code_state() -> dict[str, Any]:
+    """The code that runs: ``{"commit", "dirty"}`` (:func:`recruit_trl.versions.code_commit`) and ``"code"``, the
+    hash of its files (:func:`recruit_trl.versions.code_hash`)."""
+    return {**code_commit(), "code": code_hash()}
+
+
 def describe_code(code: Mapping[str, Any]) -> str:
-    """``abc1234``, ``abc1234 with uncommitted changes``, or ``an unknown commit (no git checkout)``."""
+    """``abc1234 (code 0123abcd)``, ``abc1234 with uncommitted changes (code ...)``, or ``an unknown commit (no git
+    checkout)``; the code's hash where it is known."""
     if code.get("commit") is None:
-        return "an unknown commit (no git checkout)"
-    return code["commit"][:7] + (" with uncommitted changes" if code.get("dirty") else "")
+        described = "an unknown commit (no git checkout)"
+    else:
+        described = code["commit"][:7] + (" with uncommitted changes" if code.get("dirty") else "")
+    return described + (f" (code {code['code'][:8]})" if code.get("code") else "")
 
 
 def stale_reason(folder: Path, code: Mapping[str, Any], made: str) -> str | None:
-    """Why what ``folder`` holds (a run, or the start, with their evaluations) may not be reused with the code at
-    ``code`` (:func:`recruit_trl.versions.code_commit`); ``None`` when it may, or when the folder holds nothing.
+    """Why what ``folder`` holds (a run, or the start, with their evaluations) may not be reused with the code
+    ``code`` (:func:`code_state`); ``None`` when it may, or when the folder holds nothing.
 
-    It may be reused only when its :data:`RUN_RECORD` names the current commit and both the record and the current
-    tree are clean: a dirty tree matches nothing (its code is in no commit, so what it made cannot be told from what
-    other uncommitted code made), and neither does code outside a git checkout. ``made`` is the verb of the message
-    (``trained``, ``built``, ``evaluated``).
+    It may be reused when its :data:`RUN_RECORD` names the same code hash; a record without one (made before the
+    hash was recorded) only when it names the current commit and both it and the current tree are clean. ``made`` is
+    the verb of the message (``trained``, ``built``, ``evaluated``).
     """
     if not folder.is_dir() or not any(folder.iterdir()):
         return None
     record = read_json(folder / RUN_RECORD)
     if not isinstance(record, dict) or "commit" not in record:
-        return f"no record of the commit it was {made} at"
-    reusable = code["commit"] is not None and not code["dirty"] and record.get("dirty") is False
-    if reusable and record["commit"] == code["commit"]:
-        return None
+        return f"no record of the code it was {made} with"
+    if record.get("code") is not None:
+        if record["code"] == code.get("code"):
+            return None
+    elif code["commit"] is not None and not code["dirty"] and record.get("dirty") is False:
+        if record["commit"] == code["commit"]:
+            return None
     return f"{made} at {describe_code(record)}, now {describe_code(code)}"
 
 
 def clear_if_stale(folder: Path, code: Mapping[str, Any], what: str, made: str, again: str) -> None:
-    """Empty ``folder`` when :func:`stale_reason` refuses what it holds, saying so in one line (``credit seed 1:
-    trained at abc1234, now def5678: training again``)."""
+    """Move ``folder`` aside (``<name>.stale``, ``<name>.stale-2``, ...) when :func:`stale_reason` refuses what it
+    holds, saying so in one line (``credit seed 1: trained at abc1234 (code ...), now def5678 (code ...): training
+    again; what it held is in credit_seed1.stale``). Nothing is deleted."""
     reason = stale_reason(folder, code, made)
     if reason is not None:
-        tqdm.write(f"{what}: {reason}: {again}")
-        # Emptied, not trained into: the recipe would resume its checkpoints and reuse its anchor states, and the
-        # evaluations cached here are the old code's.
-        shutil.rmtree(folder)
+        # Moved, not trained into: the recipe would resume its checkpoints and reuse its anchor states, and the
+        # evaluations cached there are the other code's.
+        aside, n = folder.with_name(f"{folder.name}.stale"), 1
+        while aside.exists():
+            n += 1
+            aside = folder.with_name(f"{folder.name}.stale-{n}")
+        folder.rename(aside)
+        tqdm.write(f"{what}: {reason}: {again}; what it held is in {aside.name}")
 
 
 def write_record(folder: Path, code: Mapping[str, Any], argv: Sequence[str] | None) -> None:
-    """Write the folder's :data:`RUN_RECORD` before anything is made in it: the commit, whether the tree was dirty,
-    and the command that makes it (``None`` for a start nothing builds)."""
+    """Write the folder's :data:`RUN_RECORD` before anything is made in it: the code's hash, the commit, whether the
+    tree was dirty, and the command that makes it (``None`` for a start nothing builds)."""
     command = shlex.join(argv) if argv is not None else None
-    write_json_atomic(folder / RUN_RECORD, {"commit": code["commit"], "dirty": code["dirty"], "command": command})
+    record = {"code": code.get("code"), "commit": code["commit"], "dirty": code["dirty"], "command": command}
+    write_json_atomic(folder / RUN_RECORD, record)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -700,9 +716,8 @@ def run_learning_check(plan: Plan, progress: bool = True) -> int:
         write_json_atomic(out / FLAGS_FILE, {"recipe": str(plan.recipe), "flags": plan.flags})
     commands: list[dict[str, Any]] = []
     failures: list[str] = []
-    code = code_commit()
-    reuse = "" if code["commit"] and not code["dirty"] else ": nothing made before is reused"
-    print(f"code at {describe_code(code)}{reuse}", flush=True)
+    code = code_state()
+    print(f"code at {describe_code(code)}", flush=True)
     start = prepare_start(plan, commands, code)
     if start is None:
         print(f"error: the start failed; see {plan.start_dir / LOG_FILE}", file=sys.stderr)
@@ -731,6 +746,7 @@ def run_learning_check(plan: Plan, progress: bool = True) -> int:
     report = {
         "recipe": str(plan.recipe),
         "recipe_flags": plan.flags,
+        "code": code["code"],
         "commit": code["commit"],
         "dirty": code["dirty"],
         "output_dir": str(out),
@@ -764,7 +780,7 @@ def run_learning_check(plan: Plan, progress: bool = True) -> int:
 
 
 def prepare_start(plan: Plan, commands: list[dict[str, Any]], code: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The start's ``start.json``: read back when built before at the same code (else its folder is emptied first:
+    """The start's ``start.json``: read back when built before at the same code (else its folder is moved aside first:
     :func:`clear_if_stale`), written for a :attr:`Plan.known_start`, else built by :func:`build_start`'s process (its
     command appended to ``commands``); ``None`` when that failed. The folder's :data:`RUN_RECORD` is written before
     anything else in it."""
@@ -797,7 +813,7 @@ def train_runs(
     plan: Plan, commands: list[dict[str, Any]], failures: list[str], progress: bool, code: Mapping[str, Any]
 ) -> list[dict]:
     """Train every seed in both arms, seed by seed (an interrupted check still has pairs), each in its own process;
-    a run finished before at the same code is skipped (one made at other code is emptied and trained again:
+    a run finished before at the same code is skipped (one made at other code is moved aside and trained again:
     :func:`clear_if_stale`), a failed one added to ``failures``. Returns a record per run (status, log, seconds)."""
     runs = []
     jobs = [(arm, seed) for seed in plan.seeds for arm in ARMS]
