@@ -163,10 +163,11 @@ def model_key(name_or_path: str) -> str:
 
 @dataclass
 class WarmStart:
-    """The SFT recipe's settings as its config file holds them: what the warm start trains with."""
+    """The SFT recipe's settings as its config file holds them: what the warm start trains with. The file's
+    environment is checked against the run's; its tasks and prompts are not used (the warm start trains on the
+    run's)."""
 
     path: Path  # the config file
-    prompts: SFTScriptArguments  # its environment (checked equal to the run's), prompts and tasks (the run's are used)
     warm: WarmStartArguments  # the teacher, its data, DAgger
     training: Any  # SFTConfig: the budget (epochs, steps, batch, learning rate) and the trainer's settings
     model: Any  # ModelConfig: whether every weight trains (use_peft; the rest is the RL run's)
@@ -217,7 +218,7 @@ def read_warm_start(name: str, script_args: Any, model_args: Any) -> WarmStart |
         raise ValueError(f"--sft_config {name} is sized for the model {model.model_name_or_path!r}, this run trains "
                          f"{model_args.model_name_or_path!r}: use {hint}an SFT config for it or "
                          f"--sft_config none")  # fmt: skip
-    return WarmStart(path=path, prompts=prompts, warm=warm, training=training, model=model)
+    return WarmStart(path=path, warm=warm, training=training, model=model)
 
 
 def read_report_config(name: str) -> ReportArguments | None:
