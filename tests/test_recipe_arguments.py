@@ -235,3 +235,53 @@ def test_the_control_refuses_settings_that_break_its_null(tmp_path, flags, named
     recipe.parse_args(["--output_dir", str(tmp_path / "out"), *flags])  # the treatment takes them
     with pytest.raises(ValueError, match=named):
         recipe.parse_args(["--output_dir", str(tmp_path / "out"), "--shuffle_advantages", "true", *flags])
+
+
+def test_zero3_generation_on_partitioned_weights_is_refused(tmp_path):
+    """Each process plays its own episodes (a different number of generate calls), which ZeRO-3's per-forward gather
+    of partitioned weights cannot follow."""
+    with pytest.raises(ValueError, match=r"--ds3_gather_for_generation must be true \(the rollouts generate on whole"):
+        load_recipe("grpo_clinical").parse_args(
+            ["--output_dir", str(tmp_path), "--ds3_gather_for_generation", "false"]
+        )
+
+
+@pytest.mark.parametrize(
+    ("settings", "gloo", "named"),
+    [
+        ({"use_cpu": False, "ddp_backend": None}, True, "2 processes without CUDA talk through gloo, which --use_cpu"),
+        ({"use_cpu": True, "ddp_backend": "nccl"}, True, "--ddp_backend nccl needs a device this machine lacks"),
+        ({"use_cpu": True, "ddp_backend": None}, False, "2 processes without CUDA need torch's gloo backend"),
+    ],
+    ids=["use-cpu-false", "nccl", "no-gloo"],
+)
+def test_a_launch_this_machine_cannot_run_is_refused_with_the_fix(monkeypatch, settings, gloo, named):
+    from types import SimpleNamespace
+
+    import torch.distributed
+
+    from recruit_trl.training.distributed import check_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.distributed, "is_gloo_available", lambda: gloo)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    check_backend(SimpleNamespace(**settings))  # one process: nothing to talk to
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=named):
+        check_backend(SimpleNamespace(**settings))
+    if gloo:
+        check_backend(SimpleNamespace(use_cpu=False, ddp_backend="gloo"))  # the fix
+
+
+def test_every_recipe_checks_the_launch_while_parsing(tmp_path, monkeypatch):
+    """What ``accelerate launch`` with 2 processes and ``--use_cpu false`` meets on a machine without CUDA (the
+    launcher's WORLD_SIZE stands in: a real one would start a process group while the arguments parse)."""
+    import torch
+
+    import recruit_trl.training.distributed as distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(distributed, "launched_processes", lambda: 2)
+    for name in ("grpo_clinical", "sft_clinical", "grpo_environment_factory"):
+        with pytest.raises(ValueError, match="drop --use_cpu false"):
+            load_recipe(name).parse_args(["--output_dir", str(tmp_path / name), "--use_cpu", "false"])

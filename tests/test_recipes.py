@@ -7,8 +7,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -22,7 +20,6 @@ from transformers import AutoModelForCausalLM
 
 import env.clinical.agent  # noqa: F401
 from recruit_trl.models.build_cache import METADATA_FILE
-from recruit_trl.models.loading import is_trained
 from recruit_trl.training.trainer import RecruitGRPOTrainer
 from recruit_trl.workflow.configs import read_report_config, read_warm_start
 from recruit_trl.workflow.model_setup import RunSetup
@@ -247,50 +244,6 @@ def test_sft_recipe_dagger_round_labels_the_students_states(warm_model, tmp_path
     stamp = (tmp_path / "round-1" / saved).stat().st_mtime
     assert recipe.main(*recipe.parse_args(flags))["dagger"] == report["dagger"]
     assert (tmp_path / "round-1" / saved).stat().st_mtime == stamp
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("accelerate") is None and not Path(sys.executable).with_name("accelerate").exists(),
-                    reason="accelerate CLI not installed")  # fmt: skip
-def test_grpo_recipe_under_accelerate_launch_with_two_cpu_processes(warm_model, tmp_path):
-    launcher = Path(sys.executable).with_name("accelerate")
-    cmd = [str(launcher) if launcher.exists() else "accelerate", "launch", "--config_file",
-           str(ROOT / "accelerate_configs" / "cpu_ddp.yaml"), str(ROOT / "recipes" / "grpo_clinical.py"),
-           "--model_name_or_path", warm_model, "--max_steps", "2", "--output_dir", str(tmp_path), *SMALL,
-           "--per_device_train_batch_size", "8"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads((tmp_path / "run_info.json").read_text())["world_size"] == (
-        1 if torch.cuda.is_available() else 2
-    )
-    assert (tmp_path / "adapter_config.json").is_file()
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("accelerate") is None and not Path(sys.executable).with_name("accelerate").exists(),
-                    reason="accelerate CLI not installed")  # fmt: skip
-def test_two_cpu_processes_run_the_warm_start_with_a_dagger_round_grpo_and_the_report(warm_model, tmp_path):
-    """The main job's shape under DDP: a warm start with a DAgger round (every rank loads round 0's weights after the
-    main process wrote them), GRPO, then the report on the main process while the other waits."""
-    launcher = Path(sys.executable).with_name("accelerate")
-    out = tmp_path / "run"
-    sft = config(tmp_path, "sft_clinical.yaml", teacher="safe", sft_train_seeds="300", max_steps=2,
-                 per_device_train_batch_size=4, dagger_rounds=1, dagger_seeds="300")  # fmt: skip
-    report = config(tmp_path, "report_clinical.yaml", eval_seeds="0", eval_baselines=["heuristic"],
-                    eval_decisions=False, eval_workers=1)  # fmt: skip
-    cmd = [str(launcher) if launcher.exists() else "accelerate", "launch", "--config_file",
-           str(ROOT / "accelerate_configs" / "cpu_ddp.yaml"), str(ROOT / "recipes" / "grpo_clinical.py"),
-           "--model_name_or_path", warm_model, "--max_steps", "1", "--output_dir", str(out),
-           "--tasks", "hard_bench_stage_30", "--anchor_seeds", "100", "--anchor_days", "0-20:10", "--horizon", "3",
-           "--per_device_train_batch_size", "8", "--num_generations", "4", "--save_strategy", "no",
-           "--sft_config", sft, "--report_config", report]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads((out / "run_info.json").read_text())["world_size"] == (1 if torch.cuda.is_available() else 2)
-    assert all(is_trained(out / "sft" / f"round-{r}") for r in (0, 1))
-    assert {row["policy"] for row in json.loads((out / "report.json").read_text())["results"]} >= {"sft", "grpo"}
 
 
 def test_main_job_pipeline_with_a_tiny_budget(warm_model, tmp_path, monkeypatch):

@@ -95,3 +95,39 @@ def test_a_changed_body_of_an_overridden_method_fails_with_its_name(monkeypatch)
 def test_every_overridden_or_replaced_member_has_its_source_pinned():
     for entry in TRL_PRIVATE_API:
         assert bool(entry.source) == entry.used_by.startswith(("overridden", "replaced")), entry.qualname
+
+
+def test_a_private_attribute_set_otherwise_or_no_longer_set_fails_with_its_name(monkeypatch):
+    real = GRPOTrainer.__init__
+
+    def __init__(self, *args, **kwargs):  # _metrics keyed otherwise, _logs no longer set; _step and the buffer kept
+        self._metrics = {"train": {}, "eval": {}}
+        self._step = 0
+        self._buffered_inputs = None
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "__init__", __init__)
+    with pytest.raises(RuntimeError) as error:
+        check_trl_private_api()
+    problems = str(error.value).split("\n")
+    assert len(problems) == 2
+    assert "GRPOTrainer._metrics (read and written by" in problems[0] and "sets it otherwise (sha256" in problems[0]
+    assert problems[1].startswith("recruit_trl was written against trl 1.16's GRPOTrainer._logs")
+    assert "GRPOTrainer.__init__ no longer sets self._logs: pin trl==1.16.*" in problems[1]
+
+
+def test_accelerates_private_state_reset_is_checked_too(monkeypatch):
+    from accelerate.state import AcceleratorState
+
+    monkeypatch.setattr(AcceleratorState, "_reset_state", staticmethod(lambda: None))
+    with pytest.raises(RuntimeError, match=r"accelerate\.state\.AcceleratorState\._reset_state\(\)"):
+        check_trl_private_api()
+
+
+def test_every_recipe_refuses_a_changed_trl_while_parsing(monkeypatch, tmp_path):
+    from recipe_files import load_recipe
+
+    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    for name in ("grpo_clinical", "sft_clinical", "sft_conquest", "grpo_environment_factory"):
+        with pytest.raises(RuntimeError, match=r"trl 1\.17\.0 is installed"):
+            load_recipe(name).parse_args(["--output_dir", str(tmp_path / name)])

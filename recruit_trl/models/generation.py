@@ -264,6 +264,7 @@ def generate_batch(
         attention_mask=attention.to(device),
         generation_config=config,
         prefix_allowed_tokens_fn=constraint,
+        synced_gpus=False,  # whole weights (a trainer's are gathered under ZeRO-3): no process waits for another
         **shared,
     )
     new = out.sequences[:, width:].cpu()

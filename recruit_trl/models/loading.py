@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -54,13 +56,15 @@ def keep_4bit_layers_trainable(model) -> int:
 
 
 def model_summary(model) -> dict[str, Any]:
-    """What a trainer holds: ``trained`` (``"adapter"`` for a PEFT model, else ``"full"``), parameter counts and the
-    number of bitsandbytes-quantised linear layers (``quantized_layers``: > 0 shows a QLoRA run really was 4-bit)."""
+    """What a trainer holds: ``trained`` (``"adapter"`` for a PEFT model, else ``"full"``), parameter counts (whole
+    ones under ZeRO-3, where each process holds a shard) and the number of bitsandbytes-quantised linear layers
+    (``quantized_layers``: > 0 shows a QLoRA run really was 4-bit)."""
     params = list(model.parameters())
+    numel = [getattr(p, "ds_numel", p.numel()) for p in params]
     return {
         "trained": "adapter" if hasattr(model, "peft_config") else "full",
-        "parameters": sum(p.numel() for p in params),
-        "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
+        "parameters": sum(numel),
+        "trainable_parameters": sum(n for n, p in zip(numel, params, strict=True) if p.requires_grad),
         "quantized_layers": sum(type(m).__name__ in ("Linear4bit", "Linear8bitLt") for m in model.modules()),
     }
 
@@ -223,6 +227,28 @@ def from_pretrained_kwargs(loading: dict[str, Any] | None) -> dict[str, Any]:
     return kwargs
 
 
+@contextmanager
+def whole_models() -> Iterator[None]:
+    """Models loaded and generating in the block are whole on this process, whatever ZeRO-3 training holds for it.
+
+    Under ZeRO-3 transformers keeps a process-wide reference to the run's DeepSpeed config: every ``from_pretrained``
+    then partitions the weights inside ``deepspeed.zero.Init`` (a broadcast per parameter) and ``generate`` syncs
+    every token with the other processes. Work that one process does while the others wait would wait for them
+    forever. The reference is cleared in the block and put back after it; without DeepSpeed this does nothing."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    reference = hf_deepspeed._hf_deepspeed_config_weak_ref
+    config = reference() if reference is not None else None
+    if config is None:
+        yield
+        return
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_deepspeed.set_hf_deepspeed_config(config)
+
+
 def load_for_inference(path: str | Path, loading: dict[str, Any] | None = None):
     """A causal LM (or a LoRA adapter on its base model) and its tokenizer, in eval mode, from a local folder, loaded
     with :func:`from_pretrained_kwargs` (``loading``: a :func:`loading_config`, e.g. 4-bit for a QLoRA run)."""
@@ -230,16 +256,17 @@ def load_for_inference(path: str | Path, loading: dict[str, Any] | None = None):
 
     folder = Path(path)
     kwargs = from_pretrained_kwargs(loading)
-    if is_adapter(folder):
-        from peft import PeftModel
+    with whole_models():  # evaluated by one process, alone, even under ZeRO-3
+        if is_adapter(folder):
+            from peft import PeftModel
 
-        base_path = json.loads((folder / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
-        base = AutoModelForCausalLM.from_pretrained(base_path, **kwargs)
-        model = PeftModel.from_pretrained(base, str(folder))
-        tokenizer_source = str(folder) if (folder / "tokenizer_config.json").is_file() else base_path
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
-        tokenizer_source = str(folder)
+            base_path = json.loads((folder / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
+            base = AutoModelForCausalLM.from_pretrained(base_path, **kwargs)
+            model = PeftModel.from_pretrained(base, str(folder))
+            tokenizer_source = str(folder) if (folder / "tokenizer_config.json").is_file() else base_path
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+            tokenizer_source = str(folder)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_source, padding_side="left")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -173,7 +173,8 @@ def anchor_dataset(anchors: Sequence[Anchor], min_rows: int = 0):
     """A ``datasets.Dataset`` with the anchor key as ``prompt`` plus readable columns (task, seed, day, policy).
 
     With ``min_rows``, the anchors are repeated in turn up to at least that many rows: TRL's sampler draws each
-    generation batch's prompts from distinct rows, and episode mode plays few starts (anchors) many times.
+    generation batch's prompts (over every process) from distinct rows, and yields no batch from fewer; episode
+    mode plays few starts (anchors) many times.
     """
     from datasets import Dataset
 

@@ -182,7 +182,7 @@ def build(script_args, training_args, model_args):
     dataset = make_anchor_dataset(
         script_args, interface, rollout.cache, tasks=setup.tasks, student=model_path,
         temperature=training_args.temperature, top_p=training_args.top_p,
-        min_rows=training_args.generation_batch_size // training_args.num_generations if episode else 0,
+        min_rows=training_args.generation_batch_size // training_args.num_generations,
     )  # fmt: skip
     trainer = RecruitGRPOTrainer(
         model=model_path,

@@ -212,13 +212,17 @@ class PackedGroups:
             )  # fmt: skip
         legal = self._legal_ids(logits_to_keep, input_ids.device) if isinstance(self, LegalLogprobs) else None
         batch_size = batch_size or input_ids.size(0)
+        if not self._packing_checked:  # every process reaches this call together: see _check_packing
+            first = slice(0, batch_size)
+            self._check_packing(model, input_ids[first], attention_mask[first], logits_to_keep, legal, first)
         all_logps, all_entropies = [], []
         for start in range(0, input_ids.size(0), batch_size):
             rows = slice(start, start + batch_size)
             ids, mask = input_ids[rows], attention_mask[rows]
-            packed = pack_groups(ids, mask, logits_to_keep)
-            if packed is not None and not self._packing_checked:
-                packed = self._check_packing(model, ids, mask, logits_to_keep, packed, legal, rows)
+            # packed only once the check has passed (and not turned packing off)
+            packed = (
+                pack_groups(ids, mask, logits_to_keep) if self._packing_checked and not self._packing_off else None
+            )
             if packed is None:
                 with self._chunk_legal(legal, rows):  # the next class scores this chunk over its legal tokens
                     logps, entropies, _ = unpacked(model, ids, mask, logits_to_keep, compute_entropy=compute_entropy)
@@ -250,10 +254,19 @@ class PackedGroups:
                 logit_transform(causal_lm.config), compute_entropy,
             )  # fmt: skip
 
-    def _check_packing(self, model, input_ids, attention_mask, logits_to_keep, packed, legal, rows):
-        """Compare the first packed chunk's log-probabilities with the unpacked ones (no gradient, eval mode: no
-        dropout), and turn packing off for the run, said once, when they differ by more than rounding. Returns
-        ``packed``, or None when packing is off."""
+    def _check_packing(self, model, input_ids, attention_mask, logits_to_keep, legal, rows):
+        """Compare the packed log-probabilities of a call's first chunk with the unpacked ones (no gradient, eval mode:
+        no dropout), and turn packing off for the run, said once, when they differ by more than rounding (a NaN
+        included).
+
+        Every process of a run makes the same calls in the same order, but its own rows pack or not: the processes
+        first agree (one all-gather) whether every first chunk packs, and check only then, all of them at this call,
+        so the extra forward passes (which gather the parameters under ZeRO-3) line up; otherwise the check waits
+        for a later call and the rows are scored unpacked meanwhile. The largest gap over the processes decides for
+        all of them."""
+        packed = pack_groups(input_ids, attention_mask, logits_to_keep)
+        if not self._every_process(packed is not None):
+            return
         self._packing_checked = True
         was_training = model.training
         model.eval()
@@ -269,6 +282,7 @@ class PackedGroups:
             model.train(was_training)
         scored = attention_mask[:, -logits_to_keep:].bool()
         gap = float((got - want).abs()[scored].max()) if scored.any() else 0.0
+        gap = self._largest_over_processes(gap)
         dtype = unwrapped_causal_lm(self.accelerator, model).get_input_embeddings().weight.dtype
         if not gap <= CHECK_TOLERANCE.get(dtype, CHECK_TOLERANCE_HALF):  # a NaN gap is no match either
             self._packing_off = (
@@ -276,9 +290,18 @@ class PackedGroups:
                 "model does not honour the packed attention mask)"
             )
             logger.warning("packed groups off: %s; each row is scored on its own", self._packing_off)
-            return None
+            return
         logger.info("packed groups: rows that share a prompt are scored together (checked: %.2g from unpacked)", gap)
-        return packed
+
+    def _every_process(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every process of the run."""
+        flags = self.accelerator.gather(torch.tensor([float(flag)], device=self.accelerator.device))
+        return bool(flags.min() > 0)
+
+    def _largest_over_processes(self, value: float) -> float:
+        """The largest ``value`` over the run's processes; NaN when any has NaN."""
+        values = self.accelerator.gather(torch.tensor([value], device=self.accelerator.device))
+        return float("nan") if values.isnan().any() else float(values.max())
 
     @contextmanager
     def _chunk_legal(self, legal: torch.Tensor | None, rows: slice) -> Iterator[None]:

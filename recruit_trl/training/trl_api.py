@@ -7,15 +7,21 @@ skipped or called with the wrong arguments, or would silently drop a new argumen
 or re-implements can keep its signature while its body changes what the override has to do (e.g. the buffering of
 ``_prepare_inputs``). :data:`TRL_PRIVATE_API` lists each one with its parameters (names and kinds, defaults and
 annotations left out) as TRL 1.16.0 has them and, for those overridden or replaced, a hash of their source;
+:data:`TRL_PRIVATE_ATTRIBUTES` lists the private attributes the trainers read or write (``_metrics``, ``_logs``, the
+buffering's ``_step``) with a hash of the statements that create them in ``__init__``, and accelerate's private
+``_reset_state`` (:mod:`recruit_trl.training.distributed`) is listed with the methods.
 :func:`check_trl_private_api` fails loudly when the installed TRL is of another series or differs in any of them.
-Nothing runs at import of this module; the trainer module and the warm start's run the check when they are imported.
+Nothing runs at import of this module; the trainer module and the warm start's run the check when they are imported,
+and every recipe when it parses its arguments (:func:`recruit_trl.workflow.configs.parse_recipe`).
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import inspect
+import textwrap
 from typing import Any, NamedTuple
 
 TRL_SERIES = "1.16"  # the series pyproject.toml pins (trl==1.16.*)
@@ -100,6 +106,40 @@ TRL_PRIVATE_API = (
     PrivateMethod(
         "trl.trainer.utils", "unsplit_pixel_values_by_grid", "(batch)", "called by training.length_batches"
     ),
+    # Not TRL's, but as private: a Trainer after another in one process (warm start, then RL) needs it.
+    PrivateMethod(
+        "accelerate.state", "AcceleratorState._reset_state", "(reset_partial_state)",
+        "called by training.distributed.release_accelerator",
+    ),
+)  # fmt: skip
+
+
+class PrivateAttribute(NamedTuple):
+    """One private attribute that ``owner``'s ``__init__`` (in ``module``) creates and the project reads or writes:
+    ``source`` is the first 16 hex digits of the sha256 of the statements that assign it there in TRL 1.16.0 (its
+    shape: the keys and containers the project indexes)."""
+
+    module: str
+    owner: str
+    name: str
+    used_by: str
+    source: str
+
+
+TRL_PRIVATE_ATTRIBUTES = (
+    PrivateAttribute(
+        "trl", "GRPOTrainer", "_metrics", "read and written by training.trainer and the rollout's metrics",
+        "f62f285a31a26e3f",
+    ),
+    PrivateAttribute(
+        "trl", "GRPOTrainer", "_logs", "read by training.trainer (the advantages TRL logged)", "e14ef01f7a74dac0"
+    ),
+    PrivateAttribute(
+        "trl", "GRPOTrainer", "_step", "read by training.length_batches (which buffered batch)", "16ba781d986d9007"
+    ),
+    PrivateAttribute(
+        "trl", "GRPOTrainer", "_buffered_inputs", "written by training.length_batches", "8d4be6990fd661f5"
+    ),
 )  # fmt: skip
 
 
@@ -131,6 +171,16 @@ def check_trl_private_api() -> None:
         elif entry.source and source_hash(found) != entry.source:
             problems.append(f"{expected}; the installed trl {trl.__version__}'s {name} has other source (sha256 "
                             f"{source_hash(found)}, not {entry.source}): re-read it against its override")  # fmt: skip
+    for attribute in TRL_PRIVATE_ATTRIBUTES:
+        name = f"{attribute.owner}.{attribute.name}"
+        expected = f"recruit_trl was written against trl {TRL_SERIES}'s {name} ({attribute.used_by})"
+        found = attribute_hash(attribute.module, attribute.owner, attribute.name)
+        if found is None:
+            problems.append(f"{expected}; the installed trl {trl.__version__}'s {attribute.owner}.__init__ no longer "
+                            f"sets self.{attribute.name}")  # fmt: skip
+        elif found != attribute.source:
+            problems.append(f"{expected}; the installed trl {trl.__version__} sets it otherwise (sha256 {found}, not "
+                            f"{attribute.source}): re-read its uses")  # fmt: skip
     if problems:
         raise RuntimeError("\n".join(problems) + f": pin trl=={TRL_SERIES}.*")
 
@@ -164,3 +214,26 @@ def source_hash(function: Any) -> str:
     except (OSError, TypeError):
         return "<no source>"
     return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def attribute_hash(module: str, owner: str, name: str) -> str | None:
+    """The first 16 hex digits of the sha256 of the statements in ``owner.__init__`` that assign ``self.<name>``
+    (joined by newlines), or None when there is none."""
+    init = _find(module, f"{owner}.__init__")
+    if init is None:
+        return None
+    try:
+        source = textwrap.dedent(inspect.getsource(init))
+    except (OSError, TypeError):
+        return None
+    statements = []
+    for node in ast.walk(ast.parse(source)):
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        if any(isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+               and t.attr == name for t in targets):  # fmt: skip
+            statements.append(ast.get_source_segment(source, node) or "")
+    if not statements:
+        return None
+    return hashlib.sha256("\n".join(statements).encode()).hexdigest()[:16]

@@ -26,6 +26,8 @@ from typing import Any
 from recruit_trl.models.loading import model_kind
 from recruit_trl.rollout.anchors import MODEL_PREFIX
 from recruit_trl.rollout.config import check_mode_rewards
+from recruit_trl.training.distributed import check_backend
+from recruit_trl.training.trl_api import check_trl_private_api
 from recruit_trl.workflow.arguments import (
     NONE,
     ReportArguments,
@@ -249,17 +251,25 @@ def parse_recipe(
         rl: an RL recipe: the warm start's and the report's flags are refused with the file they live in.
 
     Raises:
-        ValueError: a removed or moved flag, a value a dataclass refuses, on one line.
+        ValueError: a removed or moved flag, a value a dataclass refuses, a launch of several processes this machine
+            cannot run (:func:`~recruit_trl.training.distributed.check_backend`), on one line.
+        RuntimeError: the installed TRL is not the one the project was written against
+            (:func:`~recruit_trl.training.trl_api.check_trl_private_api`).
         FileNotFoundError: a config that is not there.
     """
     import sys
 
+    check_trl_private_api()  # every recipe, the tool loop's too: a TRL that changed is refused before anything runs
     from recruit_trl.workflow.parsing import RecipeParser
 
     parser = RecipeParser(tuple(dataclass_types))
     parser.set_defaults(**machine_defaults())
     argv = sys.argv[1:] if argv is None else argv
-    return tuple(parser.parse_args_and_config(args=recipe_argv(argv, default_config, moved=rl)))
+    parsed = tuple(parser.parse_args_and_config(args=recipe_argv(argv, default_config, moved=rl)))
+    for config in parsed:
+        if hasattr(config, "ddp_backend"):  # the trainer's arguments: can the launched processes talk?
+            check_backend(config)
+    return parsed
 
 
 def check_rl_arguments(
@@ -294,6 +304,10 @@ def check_rl_arguments(
         check_value("steps_per_generation", steps, steps is None or steps <= accumulation,
                     f"<= --gradient_accumulation_steps ({accumulation}) with --shuffle_advantages (one optimizer "
                     "step per generation batch)")  # fmt: skip
+    # The rollouts generate on whole weights: under ZeRO-3 each process plays its own episodes, a different number of
+    # generate calls, which partitioned weights (a gather per forward, with every process) cannot follow.
+    check_value("ds3_gather_for_generation", training_args.ds3_gather_for_generation,
+                training_args.ds3_gather_for_generation, "true (the rollouts generate on whole weights)")  # fmt: skip
     check_vllm_arguments(training_args, model_args)
     check_constrained_sampling(script_args, training_args)
     check_quantised_training(model_args, not model_args.use_peft, "--use_peft false (the command line or --config)")

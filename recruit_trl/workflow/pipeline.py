@@ -96,9 +96,9 @@ def run_rl(
             temperature=training_args.temperature, top_p=training_args.top_p,
             states_file=str(Path(training_args.output_dir) / "anchor_states.json"),
             model_loading=loading_config(model_args),
-            # episode mode: enough rows for a generation batch's distinct prompts, however few the starts
-            min_rows=training_args.generation_batch_size // training_args.num_generations
-            if script_args.mode == "episode" else 0,
+            # enough rows for a generation batch's distinct prompts over every process, however few the anchors
+            # (fewer rows give TRL's sampler no batch: training would end at step 0)
+            min_rows=training_args.generation_batch_size // training_args.num_generations,
         )  # fmt: skip
     trainer = trainer_cls(
         model=model,

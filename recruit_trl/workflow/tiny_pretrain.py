@@ -40,6 +40,7 @@ from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArgu
 
 from recruit_trl.models.batching import length_bucketed_batches
 from recruit_trl.models.build_cache import is_launcher_variable
+from recruit_trl.models.loading import whole_models
 
 
 def pretrain(
@@ -244,8 +245,9 @@ def _isolated_trainer() -> Iterator[None]:
     resets and rebuilds. A training job that builds the tiny model on first use has already set it up for its own
     GPUs and ranks: that state is saved here and put back afterwards. The launchers' environment variables are
     hidden meanwhile, so the Trainer in the block runs alone (the job's other ranks wait for this build on a lock),
-    in fp32, without DeepSpeed or FSDP. Trainer seeds Python's, NumPy's and torch's global RNGs: their CPU states
-    are restored too (torch also seeds the accelerators, with the seed the build has just used for the weights).
+    in fp32, without DeepSpeed or FSDP (:func:`~recruit_trl.models.loading.whole_models`). Trainer seeds
+    Python's, NumPy's and torch's global RNGs: their CPU states are restored too (torch also seeds the accelerators,
+    with the seed the build has just used for the weights).
     """
     from accelerate.state import AcceleratorState, GradientState, PartialState
 
@@ -256,7 +258,8 @@ def _isolated_trainer() -> Iterator[None]:
     for state in shared:
         state.clear()
     try:
-        yield
+        with whole_models():  # under ZeRO-3 too: a plain model, built by this process alone
+            yield
     finally:
         for state, old in zip(shared, saved, strict=True):
             state.clear()

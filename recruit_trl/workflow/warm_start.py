@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate import PartialState
 from transformers import AutoTokenizer, Trainer
 from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
 
@@ -49,9 +50,11 @@ from recruit_trl.models.loading import (
     model_fingerprint,
     model_summary,
     used_settings,
+    whole_models,
 )
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.rollout.config import PromptConfig
+from recruit_trl.training.distributed import release_accelerator
 from recruit_trl.training.trl_api import check_trl_private_api
 from recruit_trl.workflow.arguments import WarmStartArguments
 from recruit_trl.workflow.configs import WarmStart
@@ -97,17 +100,21 @@ def train_sft(
         return finished
 
     # 1. Teacher traces (or decision sets) -> train / held-out chat datasets (reused when already on disk).
+    # Files the processes share are made by the main process while the others wait, then read by them: the traces,
+    # a DAgger student's play, the kept model and its report.
+    state = PartialState()
     data_dir = out / "dataset"
-    stats = read_json(data_dir / "stats.json")
-    if stats is not None:
-        from datasets import load_from_disk
+    with state.main_process_first():
+        stats = read_json(data_dir / "stats.json")
+        if stats is not None:
+            from datasets import load_from_disk
 
-        train, heldout = load_from_disk(str(data_dir / "train")), load_from_disk(str(data_dir / "heldout"))
-    else:
-        train, heldout, stats = sft_datasets(prompts, warm, setup, data_dir, training_args.seed)
-        train.save_to_disk(str(data_dir / "train"))
-        heldout.save_to_disk(str(data_dir / "heldout"))
-        write_json_atomic(data_dir / "stats.json", stats)
+            train, heldout = load_from_disk(str(data_dir / "train")), load_from_disk(str(data_dir / "heldout"))
+        else:
+            train, heldout, stats = sft_datasets(prompts, warm, setup, data_dir, training_args.seed)
+            train.save_to_disk(str(data_dir / "train"))
+            heldout.save_to_disk(str(data_dir / "heldout"))
+            write_json_atomic(data_dir / "stats.json", stats)
     print(data_summary(stats))
 
     # 2. Model and fine-tuning on the completions (round 0), then DAgger rounds on the model's own states.
@@ -124,7 +131,8 @@ def train_sft(
         round_dir = round_dirs(out, rounds)[r]
         if r > 0:  # the previous round's student plays; the teacher labels the states it reaches
             previous, cache = out / f"round-{r - 1}", data_dir / f"dagger-{r}"
-            data, info = dagger_data(prompts, warm, setup, data, previous, cache, loading)
+            with state.main_process_first():
+                data, info = dagger_data(prompts, warm, setup, data, previous, cache, loading)
             dagger.append({"round": r, **info})
         if is_trained(round_dir) and round_dir != out:
             print(f"DAgger round {r} already trained in {round_dir}")
@@ -152,22 +160,59 @@ def train_sft(
         # The next round's students load this round's weights on every rank: none reads them before rank 0 has
         # written them (save_model writes on the main process only, without a barrier).
         trainer.accelerator.wait_for_everyone()
-        model = trainer.model
+        # Under DeepSpeed the trainer's model holds this process's shard (ZeRO-3): the next round reads the weights.
+        model = None if trainer.is_deepspeed_enabled else trainer.model
+        release_accelerator()  # the next trainer's Accelerator is the process's only one
     selected, selection = rounds, None
     if rounds > 0 and warm.sft_keep_best_round:
         scores = [{task: v["final_score_mean"] for task, v in d["student"].items()} for d in dagger]
-        scores.append(last_round_scores(prompts, warm, setup, out / f"round-{rounds}", data_dir, loading))
+        with state.main_process_first():
+            scores.append(last_round_scores(prompts, warm, setup, out / f"round-{rounds}", data_dir, loading))
         selected = best_round(scores)
         summary = ", ".join(f"round {r}: {mean_over_tasks(s):.3f}" for r, s in enumerate(scores))
         print(f"DAgger students' mean final scores ({summary}); keeping round {selected}")
         selection = {"student_scores": scores, "selected_round": selected}
-    if model is None or selected != rounds:  # every round was cached, or an earlier round is kept
-        model = load_trainable(model_path, out / f"round-{selected}", training_args.model_init_kwargs)
-    model.save_pretrained(training_args.output_dir)
-    tokenizer.save_pretrained(training_args.output_dir)
+    if state.is_main_process:
+        report = kept_model_report(
+            prompts, warm, training_args, model_args, setup, model, selected, tokenizer, heldout
+        )
+        report.update(data=stats, dagger=dagger, round_selection=selection)
+        # Each round's settings, as its trainer, optimizer and model held them.
+        report["arguments"] = [read_json(folder / SETTINGS_FILE) for folder in round_dirs(out, rounds)]
+        write_json_atomic(out / "heldout_report.json", report)
+        # Ours over TRL's card (written at each checkpoint) and PEFT's (written with the adapter).
+        write_model_card(out, sft_model_card(prompts, warm, training_args, model_args, setup, report))
+        print(json.dumps({k: v for k, v in report.items() if k != "data"}, indent=2))
+    state.wait_for_everyone()
+    return read_json(out / "heldout_report.json")
 
-    # 3. Held-out report; the teacher decision sets' held-out split is scored by the set benchmark instead (the
-    # same greedy answers, in benchmark.json or the RL report): a real model on CPU takes about a second a row.
+
+def kept_model_report(
+    prompts: PromptConfig,
+    warm: WarmStartArguments,
+    training_args: SFTConfig,
+    model_args: ModelConfig,
+    setup: RunSetup,
+    model: Any,
+    selected: int,
+    tokenizer: Any,
+    heldout: Any,
+) -> dict[str, Any]:
+    """Save the kept round's model (``model``, or round ``selected`` read back when None or another round) into
+    ``training_args.output_dir`` with its tokenizer; returns its held-out report. The main process does this alone."""
+    out = Path(training_args.output_dir)
+    with whole_models():
+        if model is None or selected != warm.dagger_rounds:  # cached, under DeepSpeed, or an earlier round kept
+            model = load_trainable(setup.model_path, out / f"round-{selected}", training_args.model_init_kwargs)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        return held_out_scores(prompts, warm, model, tokenizer, heldout)
+
+
+def held_out_scores(prompts: PromptConfig, warm: WarmStartArguments, model: Any, tokenizer: Any, heldout: Any) -> dict:
+    """The kept model's held-out report and its size; the teacher decision sets' held-out split is scored by the set
+    benchmark instead (the same greedy answers, in benchmark.json or the RL report): a real model on CPU takes about
+    a second a row."""
     model.eval()
     tokenizer.padding_side = "left"
     if 0 < warm.sft_heldout_rows < len(heldout):  # a fixed subset
@@ -176,16 +221,7 @@ def train_sft(
         report = {"heldout": "scored by the set benchmark"}
     else:
         report = heldout_report(model, tokenizer, heldout, prompts.contract)
-    report["data"] = stats
     report["model"] = model_summary(model)
-    report["dagger"] = dagger
-    report["round_selection"] = selection
-    # Each round's settings, as its trainer, optimizer and model held them.
-    report["arguments"] = [read_json(folder / SETTINGS_FILE) for folder in round_dirs(out, rounds)]
-    write_json_atomic(out / "heldout_report.json", report)
-    # Ours over TRL's card (written at each checkpoint) and PEFT's (written with the adapter).
-    write_model_card(out, sft_model_card(prompts, warm, training_args, model_args, setup, report))
-    print(json.dumps({k: v for k, v in report.items() if k != "data"}, indent=2))
     return report
 
 
