@@ -209,6 +209,13 @@ class EnvInterface:
         """Whether the interface defines :meth:`potential` (a subclass overrides it)."""
         return type(self).potential is not EnvInterface.potential
 
+    def resample_hidden(self, env: MultiStepEnv, seed: int) -> None:
+        """Redraw, from ``seed``, what ``env``'s state holds that the agent's observation does not show and that a
+        continuation from a snapshot would otherwise know in advance (e.g. the order of a draw pile), consistently
+        with the observation. The planner calls it in every continuation after restoring the snapshot, so that its
+        choice rests on what the policy can see. Default: nothing (the step RNG, which :meth:`MultiStepEnv.reseed`
+        replaces, is all an environment hides)."""
+
     def state_key(self, obs: Observation) -> Hashable:
         """What makes two states the same, for episode mode's step groups (e.g. conquest leaves out its event log).
         Default: the whole observation, canonically serialised."""

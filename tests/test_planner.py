@@ -10,7 +10,7 @@ import random
 import pytest
 
 from recruit_trl.cli import main as cli
-from recruit_trl.protocol import get_env_interface
+from recruit_trl.protocol import get_env_interface, policy_action
 from recruit_trl.workflow.evaluation.cache import cache_key
 from recruit_trl.workflow.evaluation.evaluate import EvalConfig, evaluate
 from recruit_trl.workflow.evaluation.planner import (
@@ -156,3 +156,59 @@ def test_the_cache_key_holds_the_planners_settings_for_a_planner_only(tiny_model
     model_key = cache_key(f"model:{tiny_model}", config, "m")
     assert planner_key["planner_candidates"] == 5 and "planner_candidates" not in model_key
     assert planner_key["weights"] == model_key["weights"] is not None
+
+
+def test_conquest_continuations_redraw_the_cards_the_agent_cannot_see():
+    """The undrawn pile and the other seats' hands are dealt again from the continuation's seed: the same seed deals
+    the same cards (common random numbers), another seed others; what the agent observes stays as it was."""
+    conquest = get_env_interface("conquest")
+    task = conquest.tasks()[0]
+    env = conquest.make_env(task)
+    obs, _ = env.reset(seed=1)
+    teacher, rng, game = conquest.get_policy("teacher"), random.Random(0), env.game
+    while sum(len(h) for s, h in enumerate(game.hands) if s != game.agent) < 3:  # into the game: cards in other hands
+        obs, *_, terminated, truncated, _ = env.step(policy_action(teacher, env, obs, rng))
+        assert not (terminated or truncated)
+    snapshot = env.snapshot()
+    seen = json.dumps(env.observation(), sort_keys=True, default=str)
+    true_pile = game.draw[game.draw_pos :]
+    others = [s for s in range(game.n) if s != game.agent]
+    hidden = sorted(game.draw[game.draw_pos :] + [c for s in others for c in game.hands[s]])
+
+    def dealt(seed: int):
+        env.restore(snapshot)
+        conquest.resample_hidden(env, seed)
+        g = env.game
+        assert sorted(g.draw[g.draw_pos :] + [c for s in others for c in g.hands[s]]) == hidden  # the same cards
+        assert json.dumps(env.observation(), sort_keys=True, default=str) == seen  # what the agent sees
+        return g.draw[g.draw_pos :], [g.hands[s] for s in others]
+
+    assert len(true_pile) > 5 and len(hidden) > len(true_pile)  # a pile to draw from, cards in other hands
+    assert dealt(7) == dealt(7) and dealt(7) != dealt(8) and dealt(7)[0] != true_pile
+
+
+def test_planner_labels_on_the_models_own_states(tiny_model):
+    """Each state the model reached is labelled with its best proposal over the greedy answer, the paired margin and
+    its standard error; a state whose best is the greedy answer has margin 0 and clears no margin."""
+    from recruit_trl.workflow.evaluation.evaluate import record_anchors
+    from recruit_trl.workflow.planner_labels import LabelSettings, clears, label_states, margin_counts, paired_margin
+
+    assert paired_margin([1.0, 2.0, 3.0], [0.0, 2.0, 1.0]) == (1.0, pytest.approx(1 / 3**0.5))
+    clinical = get_env_interface("clinical")
+    states = record_anchors(clinical, tiny_model, [TASK], [0, 1], [10, 20], temperature=0.0, progress=False)
+    rows = label_states(clinical, tiny_model, states, LabelSettings(candidates=3, continuations=2), progress=False)
+    assert [(r["seed"], r["day"]) for r in rows] == [(0, 10), (0, 20), (1, 10), (1, 20)]
+    for row in rows:
+        means = {int(k): v for k, v in row["means"].items()}
+        assert row["greedy"] in means and row["best"] in means and 1 <= row["scored"] == len(means) <= 4
+        assert means[row["best"]] == max(means.values()) and row["completion"] == f'{{"action_index": {row["best"]}}}'
+        if row["best"] == row["greedy"]:
+            assert (row["margin"], row["se"]) == (0.0, 0.0) and not clears(row, 0)
+        else:
+            assert row["margin"] == pytest.approx(means[row["best"]] - means[row["greedy"]])
+        assert row["env_steps"] >= 0 and row["seconds"] >= 0
+    counts = margin_counts(rows)
+    assert counts["states"] == 4 and counts["clear_1se"] >= counts["clear_2se"] >= counts["clear_3se"]
+    again = label_states(clinical, tiny_model, states, LabelSettings(candidates=3, continuations=2), progress=False)
+    timeless = lambda labelled: [{k: v for k, v in r.items() if k != "seconds"} for r in labelled]  # noqa: E731
+    assert timeless(again) == timeless(rows)  # the same labels: seeded proposals, common random numbers

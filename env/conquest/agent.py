@@ -235,6 +235,11 @@ class ConquestInterface(EnvInterface):
         kept = {k: v for k, v in obs.items() if k not in ("events", "board_text", "candidate_texts")}
         return json.dumps(kept, sort_keys=True, default=str)
 
+    def resample_hidden(self, env: ConquestEnv, seed: int) -> None:
+        """The cards the agent cannot see (the undrawn pile and the other seats' hands, whose ids the observation
+        hides: :func:`env.conquest.state.Game.resample_hidden`) dealt again from ``seed``."""
+        env._game().resample_hidden(seed)
+
     # ------------------------------------------------------------------ rendering
     def render(self, obs: Mapping[str, Any], recent: Sequence[str]) -> str:
         """The board of section 9, ``render_text()``.

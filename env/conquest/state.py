@@ -152,6 +152,21 @@ class Game:
         self.brng = [None] * self.n
         self.bstate = [None] * self.n
 
+    def resample_hidden(self, seed: int) -> None:
+        """Deal again, from ``random.Random(seed)``, the cards the agent's observation does not identify: the undrawn
+        part of the draw pile and the other seats' hands are pooled, shuffled and dealt back in the same counts (the
+        hands sorted, as always). The board, the agent's hand, the discard, every count and the RNGs stay."""
+        rng = random.Random(seed)
+        others = [s for s in range(self.n) if s != self.agent]
+        pool = self.draw[self.draw_pos :] + [card for s in others for card in self.hands[s]]
+        rng.shuffle(pool)
+        dealt = 0
+        for s in others:
+            count = len(self.hands[s])
+            self.hands[s] = sorted(pool[dealt : dealt + count])
+            dealt += count
+        self.draw = self.draw[: self.draw_pos] + pool[dealt:]  # a new list: the pile is never changed in place
+
     def snapshot(self) -> tuple:
         """An independent copy of the whole state (lists copied, RNG states as immutable tuples)."""
         rs = self.rng_state

@@ -10,7 +10,9 @@ The continuations of one decision use common random numbers, as branch rollouts 
 (:mod:`recruit_trl.rollout.continuation`): continuation ``k`` re-seeds the scratch environment's step RNG every
 simulated day from (policy seed, task, reset seed, day of the decision, ``k``), the same for every candidate, so two
 candidates' scores differ by their actions, not their luck. The snapshot's own RNG (the true future) is discarded
-by that re-seeding, so the planner is not clairvoyant; the live environment is only read, never stepped or re-seeded.
+by that re-seeding, and what else the state holds that the agent does not see is redrawn from the continuation's seed
+(:meth:`~recruit_trl.protocol.EnvInterface.resample_hidden`: conquest's undrawn pile and the other seats' hands), so
+the planner is not clairvoyant; the live environment is only read, never stepped or re-seeded.
 
 This is one policy-improvement step over the model, the step branch-mode GRPO takes in gradient form, done at test
 time: its score is what a perfect update toward the continuation's grades could reach from that model. With one
@@ -104,15 +106,8 @@ class CandidateScorer:
         if len(distinct) == 1:
             return Choice(0, None, 0, 0, 0.0)
         start, steps = time.perf_counter(), self.scorer.env_steps
-        snapshot = env.snapshot()
-        scratch = self.scratch.get(task)
-        if scratch is None:
-            scratch = self.scratch[task] = self.interface.make_env(task)
-        means: dict[Any, float] = {}
-        for key in distinct:
-            action = actions[keys.index(key)]
-            seeds = [self._seed(task, seed, day, k) for k in range(self.settings.continuations)]
-            means[key] = sum(self._play_out(scratch, snapshot, action, s) for s in seeds) / len(seeds)
+        scores = self.continuation_scores(env.snapshot(), task, actions, seed, day)
+        means = {key: sum(values) / len(values) for key, values in scores.items()}
         best = max(distinct, key=lambda key: means[key])  # max keeps the first of equal scores: the first sampled
         return Choice(
             keys.index(best),
@@ -122,10 +117,30 @@ class CandidateScorer:
             time.perf_counter() - start,
         )
 
+    def continuation_scores(
+        self, snapshot: Any, task: str, actions: list[Action], seed: int, day: int
+    ) -> dict[Any, list[float]]:
+        """Each distinct action of ``actions`` (by :meth:`~recruit_trl.protocol.EnvInterface.action_key`) -> its final
+        grades over the ``continuations`` continuations from ``snapshot`` (task ``task``, reset seed ``seed``,
+        decision ``day``): continuation ``k`` uses the same seed for every action (common random numbers), so the
+        lists are paired."""
+        scratch = self.scratch.get(task)
+        if scratch is None:
+            scratch = self.scratch[task] = self.interface.make_env(task)
+        seeds = [self._seed(task, seed, day, k) for k in range(self.settings.continuations)]
+        scores: dict[Any, list[float]] = {}
+        for action in actions:
+            key = self.interface.action_key(action)
+            if key not in scores:
+                scores[key] = [self._play_out(scratch, snapshot, action, s) for s in seeds]
+        return scores
+
     def _play_out(self, scratch: MultiStepEnv, snapshot: Any, action: Action, seed: int) -> float:
-        """The final grade of ``action`` played in the snapshot's state, continued to the end under seed ``seed``."""
+        """The final grade of ``action`` played in the snapshot's state, continued to the end under seed ``seed``
+        (which also redraws what the agent cannot see: :meth:`~recruit_trl.protocol.EnvInterface.resample_hidden`)."""
         scratch.restore(snapshot)
         scratch.reseed(day_seed(seed, 0))
+        self.interface.resample_hidden(scratch, day_seed(seed, -1))
         try:
             new_obs, _, terminated, truncated, info = scratch.step(action)
         except ValueError:
