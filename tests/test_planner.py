@@ -212,3 +212,18 @@ def test_planner_labels_on_the_models_own_states(tiny_model):
     again = label_states(clinical, tiny_model, states, LabelSettings(candidates=3, continuations=2), progress=False)
     timeless = lambda labelled: [{k: v for k, v in r.items() if k != "seconds"} for r in labelled]  # noqa: E731
     assert timeless(again) == timeless(rows)  # the same labels: seeded proposals, common random numbers
+
+
+def test_racing_stops_proposals_clearly_behind_and_keeps_the_policys_own():
+    """With the far target "left" falls clearly behind "right" (the leader) and stops before the last continuation;
+    the first action (the policy's own) plays every continuation whatever its place; without racing all do."""
+    settings = PlannerSettings(candidates=3, continuations=6, continuation_policy="random")
+    scorer = CandidateScorer(TOY, settings, 0)
+    env, _ = walk_far(seed=0, moves=2)
+    actions = [{"kind": "wait"}, {"kind": "left"}, {"kind": "right"}]
+    full = scorer.continuation_scores(env.snapshot(), "far", actions, 0, 2)
+    raced = scorer.continuation_scores(env.snapshot(), "far", actions, 0, 2, race=2.0)
+    keys = [TOY.action_key(a) for a in actions]
+    assert [len(full[k]) for k in keys] == [6, 6, 6]
+    assert len(raced[keys[0]]) == 6 and len(raced[keys[2]]) == 6 and 3 <= len(raced[keys[1]]) < 6
+    assert all(raced[k] == full[k][: len(raced[k])] for k in keys)  # the same continuations, cut short

@@ -96,7 +96,7 @@ NORMALISED = ("lora_target_modules", "report_to", "gradient_checkpointing")
 
 def recipe_of(config: Path) -> str:
     """The recipe a config file is for: its name up to the model's suffix."""
-    for recipe in (*RL_RECIPES, "sft_clinical", "sft_conquest", "grpo_environment_factory"):
+    for recipe in (*RL_RECIPES, "sft_clinical", "sft_conquest", "grpo_environment_factory", "expert_iteration"):
         if config.stem == recipe or config.stem.startswith(f"{recipe}_"):
             return recipe
     raise AssertionError(f"{config.name} belongs to no recipe")

@@ -17,7 +17,6 @@ from that noise. What the continuations may not know is redrawn in each of them
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -30,19 +29,22 @@ from recruit_trl.protocol import EnvInterface
 from recruit_trl.rollout.anchors import Anchor, AnchorState
 from recruit_trl.traces import trace_row
 from recruit_trl.workflow.evaluation.evaluate import MAX_NEW_TOKENS
-from recruit_trl.workflow.evaluation.planner import CandidateScorer, PlannerSettings
+from recruit_trl.workflow.evaluation.planner import CandidateScorer, PlannerSettings, paired_margin
 
 
 @dataclass(frozen=True)
 class LabelSettings:
     """How a state is labelled: ``candidates`` sampled proposals besides the greedy answer, each distinct action
-    scored by ``continuations`` continuations of ``continuation_policy`` ("": the environment's)."""
+    scored by ``continuations`` continuations of ``continuation_policy`` ("": the environment's); with ``race`` > 0
+    a proposal more than ``race`` standard errors behind the leader stops early
+    (:meth:`~recruit_trl.workflow.evaluation.planner.CandidateScorer.continuation_scores`)."""
 
     candidates: int = 8
     continuations: int = 8
     continuation_policy: str = ""
     temperature: float = 1.0
     top_p: float = 1.0
+    race: float = 0.0
 
     def __post_init__(self) -> None:
         if self.candidates < 1 or self.continuations < 2:
@@ -52,13 +54,6 @@ class LabelSettings:
             )
         if self.temperature <= 0:
             raise ValueError("the proposals are sampled: give them a temperature > 0 (e.g. 1.0)")
-
-
-def paired_margin(best: Sequence[float], greedy: Sequence[float]) -> tuple[float, float]:
-    """``(mean, standard error)`` of ``best[k] - greedy[k]`` over the continuations ``k``."""
-    diffs = [b - g for b, g in zip(best, greedy, strict=True)]
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.inf
-    return statistics.fmean(diffs), se
 
 
 def clears(row: Mapping[str, Any], k: float) -> bool:
@@ -159,10 +154,11 @@ def label_states(
         picks = list(dict.fromkeys([greedy[j], *proposed[j * n : (j + 1) * n]]))  # the greedy answer first
         started, steps = time.perf_counter(), scorer.scorer.env_steps
         scores = scorer.continuation_scores(state.snapshot, anchor.task, [cands[k] for k in picks], anchor.seed,
-                                            anchor.day)  # fmt: skip
+                                            anchor.day, race=settings.race)  # fmt: skip
         by_pick = {k: scores[interface.action_key(cands[k])] for k in picks}
         means = {k: statistics.fmean(values) for k, values in by_pick.items()}
-        best = max(picks, key=lambda k: means[k])  # ties: the greedy answer, then the first sampled
+        finished = [k for k in picks if len(by_pick[k]) == settings.continuations]  # not left behind by the race
+        best = max(finished, key=lambda k: means[k])  # ties: the greedy answer, then the first sampled
         margin, se = paired_margin(by_pick[best], by_pick[greedy[j]]) if best != greedy[j] else (0.0, 0.0)
         row = trace_row(interface, messages[j], cands, cands[best], "index", anchor.task, anchor.seed, anchor.day)
         row.update(
@@ -172,6 +168,7 @@ def label_states(
             se=se,
             means={str(k): mean for k, mean in means.items()},
             scored=len(picks),
+            continuations={str(k): len(values) for k, values in by_pick.items()},
             env_steps=scorer.scorer.env_steps - steps,
             seconds=time.perf_counter() - started,
         )

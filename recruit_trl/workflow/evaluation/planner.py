@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +35,21 @@ from recruit_trl.rollout.config import TO_THE_END, RolloutConfig
 from recruit_trl.rollout.continuation import Scorer, day_seed
 
 PLANNER_PREFIX = "planner:"
+
+
+def paired_margin(scores: Sequence[float], reference: Sequence[float]) -> tuple[float, float]:
+    """``(mean, standard error)`` of ``scores[k] - reference[k]`` over the continuations ``k`` both played."""
+    diffs = [a - b for a, b in zip(scores, reference, strict=False)]
+    if len(diffs) < 2:
+        return (diffs[0] if diffs else 0.0), math.inf
+    return statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs))
+
+
+def behind(scores: Sequence[float], leader: Sequence[float], race: float) -> bool:
+    """Whether an action is clearly behind the leader: its paired difference lies more than ``race`` standard errors
+    below zero (below zero at all when every continuation differs by the same amount)."""
+    mean, se = paired_margin(scores, leader)
+    return mean + race * se < 0
 
 
 def planned_model(policy: str) -> str | None:
@@ -118,21 +135,32 @@ class CandidateScorer:
         )
 
     def continuation_scores(
-        self, snapshot: Any, task: str, actions: list[Action], seed: int, day: int
+        self, snapshot: Any, task: str, actions: list[Action], seed: int, day: int, race: float = 0.0
     ) -> dict[Any, list[float]]:
         """Each distinct action of ``actions`` (by :meth:`~recruit_trl.protocol.EnvInterface.action_key`) -> its final
         grades over the ``continuations`` continuations from ``snapshot`` (task ``task``, reset seed ``seed``,
         decision ``day``): continuation ``k`` uses the same seed for every action (common random numbers), so the
-        lists are paired."""
+        lists are paired.
+
+        With ``race > 0`` the actions race: from the third continuation on, an action whose paired difference from
+        the current leader (the best mean so far) lies more than ``race`` standard errors below zero plays no further
+        continuation, and its list stops there; the first action (the policy's own choice, whose margin is measured)
+        always plays them all."""
         scratch = self.scratch.get(task)
         if scratch is None:
             scratch = self.scratch[task] = self.interface.make_env(task)
-        seeds = [self._seed(task, seed, day, k) for k in range(self.settings.continuations)]
-        scores: dict[Any, list[float]] = {}
+        first: dict[Any, Action] = {}
         for action in actions:
-            key = self.interface.action_key(action)
-            if key not in scores:
-                scores[key] = [self._play_out(scratch, snapshot, action, s) for s in seeds]
+            first.setdefault(self.interface.action_key(action), action)
+        scores: dict[Any, list[float]] = {key: [] for key in first}
+        live, own = list(first), next(iter(first))
+        for k in range(self.settings.continuations):
+            continuation = self._seed(task, seed, day, k)
+            for key in live:
+                scores[key].append(self._play_out(scratch, snapshot, first[key], continuation))
+            if race > 0 and k >= 2 and len(live) > 1:
+                leader = max(live, key=lambda key: sum(scores[key]) / len(scores[key]))
+                live = [key for key in live if key in (leader, own) or not behind(scores[key], scores[leader], race)]
         return scores
 
     def _play_out(self, scratch: MultiStepEnv, snapshot: Any, action: Action, seed: int) -> float:

@@ -1,0 +1,72 @@
+"""The expert-iteration recipe (recipes/expert_iteration.py) end to end on the smallest model, its controls' labels,
+and its refusals."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from recipe_files import load_recipe
+
+from recruit_trl.models.loading import is_trained
+from recruit_trl.workflow.expert_iteration import relabel
+
+ROW = {"completion": '{"action_index": 2}', "action_type": "c", "candidate_types": ["a", "b", "c", "d"], "greedy": 1,
+       "best": 2, "means": {"1": 0.5, "2": 0.7, "3": 0.6}}  # fmt: skip
+
+
+def test_the_controls_label_the_same_state_with_the_models_choice_or_permuted_values():
+    assert relabel(ROW, "planner", random.Random(0)) is ROW
+    own = relabel(ROW, "self", random.Random(0))
+    assert own["completion"] == '{"action_index": 1}' and own["action_type"] == "b" and ROW["best"] == 2
+    picks = {json.loads(relabel(ROW, "shuffled", random.Random(s))["completion"])["action_index"] for s in range(40)}
+    assert picks == {1, 2, 3}  # the best of the permuted values: any scored candidate
+
+
+def flags(start: str, out, *more: str) -> list[str]:
+    return ["--start", start, "--output_dir", str(out), "--tasks", "hard_bench_stage_30", "--rounds", "2",
+            "--train_seeds", "0-1", "--seeds_per_round", "1", "--days", "5-25:5", "--candidates", "3",
+            "--continuations", "2", "--race", "0", "--margin", "0", "--per_device_train_batch_size", "4",
+            *more]  # fmt: skip
+
+
+@pytest.mark.parametrize("labels", ["planner", "self"])
+def test_rounds_play_label_keep_and_train_the_same_weights(tiny_model, tmp_path, labels):
+    recipe = load_recipe("expert_iteration")
+    summary = recipe.main(*recipe.parse_args(flags(tiny_model, tmp_path, "--labels", labels)))
+    rounds = summary["rounds"]
+    assert [r["seeds"] for r in rounds] == [[0], [1]] and all(r["states"] == 5 for r in rounds)
+    assert rounds[1]["rows"] == rounds[0]["kept"] + rounds[1]["kept"]  # every round's rows so far
+    for r, info in enumerate(rounds):
+        assert info["kept"] == info["best_not_greedy"]  # a margin of 0: every state whose best is not the greedy
+        assert info["env_steps"] > 0 and info["planner_seconds"] > 0 and info["training_seconds"] > 0
+        kept = json.loads((tmp_path / f"round-{r}" / "rows.json").read_text())
+        chosen = [json.loads(row["completion"])["action_index"] for row in kept]
+        assert chosen == [row["best" if labels == "planner" else "greedy"] for row in kept]
+        assert is_trained(tmp_path / f"round-{r}")
+    assert is_trained(tmp_path) and json.loads((tmp_path / "expert_iteration.json").read_text())["rounds"] == rounds
+    stamp = (tmp_path / "round-1" / "round.json").stat().st_mtime
+    assert recipe.main(*recipe.parse_args(flags(tiny_model, tmp_path, "--labels", labels)))["rounds"] == rounds
+    assert (tmp_path / "round-1" / "round.json").stat().st_mtime == stamp  # finished rounds are reused
+
+
+@pytest.mark.parametrize(
+    ("more", "message"),
+    [
+        (["--labels", "teacher"], "--labels 'teacher' must be one of planner, self, shuffled"),
+        (["--rounds", "3"], "--train_seeds 0-1 holds 2 seeds: 3 rounds of 1 need 3"),
+        (["--continuations", "1"], "continuations >= 2"),
+        (["--margin", "-1"], "--margin and --race must be >= 0"),
+    ],
+    ids=["labels", "seeds", "continuations", "margin"],
+)
+def test_bad_settings_are_refused_while_parsing(tmp_path, more, message):
+    with pytest.raises(ValueError, match=message):
+        load_recipe("expert_iteration").parse_args(flags("x", tmp_path, *more))
+
+
+def test_a_missing_start_is_named(tmp_path):
+    recipe = load_recipe("expert_iteration")
+    with pytest.raises(FileNotFoundError, match="--start .*nothing: no model there"):
+        recipe.main(*recipe.parse_args(flags(str(tmp_path / "nothing"), tmp_path / "out")))
