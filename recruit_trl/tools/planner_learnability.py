@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from recruit_trl.files import read_json, write_json_atomic
-from recruit_trl.models.loading import is_adapter, load_for_inference, load_trainable
+from recruit_trl.models.loading import load_for_inference
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.workflow.configs import read_sft_file
 from recruit_trl.workflow.evaluation.evaluate import record_anchors
+from recruit_trl.workflow.expert_iteration import fine_tune as fine_tune_rows
 from recruit_trl.workflow.planner_labels import LabelSettings, clears, greedy_choices, label_states, margin_counts
-from recruit_trl.workflow.sft_data import to_conversational
 
 
 @dataclass
@@ -77,26 +77,15 @@ def labelled(args: LearnabilityArguments, split: str, seeds: list[int]) -> list[
 
 
 def fine_tune(args: LearnabilityArguments, rows: list[dict[str, Any]], out: Path) -> str:
-    """A copy of the start fine-tuned on ``rows`` (their best proposals) into ``out``; returns the folder."""
-    from transformers import AutoTokenizer
-    from trl import SFTTrainer
-
+    """A copy of the start fine-tuned on ``rows`` (their best proposals) into ``out``, as an expert-iteration round
+    trains (:func:`~recruit_trl.workflow.expert_iteration.fine_tune`); returns the folder."""
     if (out / "trained.json").is_file():
         return str(out)
     _, _, sft_config, _ = read_sft_file(args.sft_config)
     sft_config.output_dir, sft_config.num_train_epochs, sft_config.max_steps = str(out), args.epochs, -1
     sft_config.save_strategy, sft_config.report_to, sft_config.seed = "no", [], args.seed
-    if is_adapter(args.start):
-        base = read_json(Path(args.start) / "adapter_config.json")["base_model_name_or_path"]
-        model: Any = load_trainable(base, args.start)
-    else:
-        model = args.start
-    data = to_conversational(rows).remove_columns(["task", "seed", "day", "action_type", "candidate_types"])
-    trainer = SFTTrainer(model=model, args=sft_config, train_dataset=data,
-                         processing_class=AutoTokenizer.from_pretrained(args.start))  # fmt: skip
-    trainer.train()
-    trainer.save_model(str(out))
-    write_json_atomic(out / "trained.json", {"rows": len(rows), "steps": trainer.state.global_step})
+    seconds = fine_tune_rows(args.start, rows, sft_config, out)
+    write_json_atomic(out / "trained.json", {"rows": len(rows), "seconds": seconds})
     return str(out)
 
 
