@@ -31,15 +31,17 @@ def flags(start: str, out, *more: str) -> list[str]:
             *more]  # fmt: skip
 
 
-@pytest.mark.parametrize("labels", ["planner", "self"])
-def test_rounds_play_label_keep_and_train_the_same_weights(tiny_model, tmp_path, labels):
+@pytest.mark.parametrize(("labels", "keep_unclear"), [("planner", False), ("self", True)])
+def test_rounds_play_label_keep_and_train_the_same_weights(tiny_model, tmp_path, labels, keep_unclear):
     recipe = load_recipe("expert_iteration")
-    summary = recipe.main(*recipe.parse_args(flags(tiny_model, tmp_path, "--labels", labels)))
+    more = ("--labels", labels, "--keep_unclear", str(keep_unclear).lower())
+    summary = recipe.main(*recipe.parse_args(flags(tiny_model, tmp_path, *more)))
     rounds = summary["rounds"]
     assert [r["seeds"] for r in rounds] == [[0], [1]] and all(r["states"] == 5 for r in rounds)
     assert rounds[1]["rows"] == rounds[0]["kept"] + rounds[1]["kept"]  # every round's rows so far
     for r, info in enumerate(rounds):
-        assert info["kept"] == info["best_not_greedy"]  # a margin of 0: every state whose best is not the greedy
+        assert info["clear"] == info["best_not_greedy"]  # a margin of 0: every state whose best is not the greedy
+        assert info["kept"] == (info["states"] if keep_unclear else info["clear"])
         assert info["env_steps"] > 0 and info["planner_seconds"] > 0 and info["training_seconds"] > 0
         kept = json.loads((tmp_path / f"round-{r}" / "rows.json").read_text())
         chosen = [json.loads(row["completion"])["action_index"] for row in kept]
@@ -47,7 +49,7 @@ def test_rounds_play_label_keep_and_train_the_same_weights(tiny_model, tmp_path,
         assert is_trained(tmp_path / f"round-{r}")
     assert is_trained(tmp_path) and json.loads((tmp_path / "expert_iteration.json").read_text())["rounds"] == rounds
     stamp = (tmp_path / "round-1" / "round.json").stat().st_mtime
-    assert recipe.main(*recipe.parse_args(flags(tiny_model, tmp_path, "--labels", labels)))["rounds"] == rounds
+    assert recipe.main(*recipe.parse_args(flags(tiny_model, tmp_path, *more)))["rounds"] == rounds
     assert (tmp_path / "round-1" / "round.json").stat().st_mtime == stamp  # finished rounds are reused
 
 

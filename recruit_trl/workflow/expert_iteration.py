@@ -56,6 +56,9 @@ class ExpertIterationArguments:
     margin: float = field(default=2.0, metadata={
         "help": "A state is kept when the best proposal beats the model's own choice by this many standard "
                 "errors."})  # fmt: skip
+    keep_unclear: bool = field(default=False, metadata={
+        "help": "Also train on the states whose best proposal does not clear --margin, labelled with the model's own "
+                "greedy choice (in every --labels arm): the rows hold the whole state distribution."})  # fmt: skip
     labels: str = field(default="planner", metadata={
         "help": "What kept states are labelled with: planner (the best proposal), self or shuffled (the "
                 "controls)."})  # fmt: skip
@@ -159,6 +162,10 @@ def run_expert_iteration(
                                 policy_seed=training_args.seed + r)  # fmt: skip
         rng = random.Random(f"{training_args.seed}|{r}|{iteration.labels}")
         kept = [relabel(row, iteration.labels, rng) for row in labelled if clears(row, iteration.margin)]
+        clear = len(kept)
+        if iteration.keep_unclear:
+            own = [relabel(row, "self", rng) for row in labelled if not clears(row, iteration.margin)]
+            kept += own
         planner_seconds = time.perf_counter() - started
         rows += kept
         if not rows:
@@ -168,7 +175,7 @@ def run_expert_iteration(
         args.output_dir = str(folder)
         training_seconds = fine_tune(current, rows, args, folder)
         info = {
-            "round": r, "seeds": seeds, "states": len(labelled), "kept": len(kept), "rows": len(rows),
+            "round": r, "seeds": seeds, "states": len(labelled), "kept": len(kept), "clear": clear, "rows": len(rows),
             "labels": iteration.labels, "env_steps": sum(row["env_steps"] for row in labelled),
             "planner_seconds": planner_seconds, "training_seconds": training_seconds,
             "best_not_greedy": sum(row["best"] != row["greedy"] for row in labelled),
