@@ -72,3 +72,19 @@ def test_a_missing_start_is_named(tmp_path):
     recipe = load_recipe("expert_iteration")
     with pytest.raises(FileNotFoundError, match="--start .*nothing: no model there"):
         recipe.main(*recipe.parse_args(flags(str(tmp_path / "nothing"), tmp_path / "out")))
+
+
+def test_the_replayed_data_joins_every_rounds_rows(tiny_model, tmp_path):
+    from recruit_trl.protocol import get_env_interface
+    from recruit_trl.traces import collect_traces
+    from recruit_trl.workflow.sft_data import to_conversational
+
+    traces = collect_traces(get_env_interface("clinical"), ["hard_bench_stage_30"], [7])
+    to_conversational(traces).save_to_disk(str(tmp_path / "replay"))
+    recipe = load_recipe("expert_iteration")
+    more = ("--replay_data", str(tmp_path / "replay"), "--rounds", "1")
+    summary = recipe.main(*recipe.parse_args(flags(tiny_model, tmp_path / "out", *more)))
+    (info,) = summary["rounds"]
+    assert info["replay_rows"] == len(traces) > 0 and is_trained(tmp_path / "out" / "round-0")
+    state = json.loads((tmp_path / "out" / "round-0" / "trainer_state.json").read_text())
+    assert state["global_step"] == -(-(len(traces) + info["rows"]) // 4)  # one epoch over both, batches of 4

@@ -59,6 +59,9 @@ class ExpertIterationArguments:
     keep_unclear: bool = field(default=False, metadata={
         "help": "Also train on the states whose best proposal does not clear --margin, labelled with the model's own "
                 "greedy choice (in every --labels arm): the rows hold the whole state distribution."})  # fmt: skip
+    replay_data: str = field(default="", metadata={
+        "help": "A saved dataset of conversational rows (e.g. the warm start's <sft>/dataset/train) added to every "
+                "round's rows: the start's own training data, as DAgger keeps the teacher's ("": none)."})  # fmt: skip
     labels: str = field(default="planner", metadata={
         "help": "What kept states are labelled with: planner (the best proposal), self or shuffled (the "
                 "controls)."})  # fmt: skip
@@ -102,9 +105,11 @@ def relabel(row: dict[str, Any], labels: str, rng: random.Random) -> dict[str, A
     return {**row, "completion": json.dumps({"action_index": k}), "action_type": row["candidate_types"][k]}
 
 
-def fine_tune(model_path: str, rows: Sequence[dict[str, Any]], args: Any, out: Path) -> float:
-    """Train ``model_path``'s weights (its LoRA adapter, or every weight) on ``rows`` with TRL's ``SFTTrainer``
-    (``args``: its ``SFTConfig``, output folder ``out``); saves the model and tokenizer there; returns seconds."""
+def fine_tune(model_path: str, rows: Sequence[dict[str, Any]], args: Any, out: Path, replay: str = "") -> float:
+    """Train ``model_path``'s weights (its LoRA adapter, or every weight) on ``rows`` (and the saved dataset
+    ``replay``, when given) with TRL's ``SFTTrainer`` (``args``: its ``SFTConfig``, output folder ``out``); saves the
+    model and tokenizer there; returns seconds."""
+    from datasets import concatenate_datasets, load_from_disk
     from transformers import AutoTokenizer
     from trl import SFTTrainer
 
@@ -114,11 +119,15 @@ def fine_tune(model_path: str, rows: Sequence[dict[str, Any]], args: Any, out: P
         model: Any = load_trainable(base, model_path, args.model_init_kwargs)
     else:
         model = model_path
-    data = to_conversational(rows).remove_columns(["task", "seed", "day", "action_type", "candidate_types"])
+    columns = ["prompt", "completion"]
+    data = to_conversational(rows).select_columns(columns)
+    if replay:
+        data = concatenate_datasets([load_from_disk(replay).select_columns(columns), data])
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
     trainer.train()
     trainer.save_model(str(out))
+    trainer.save_state()  # trainer_state.json: the round's losses, step by step
     tokenizer.save_pretrained(str(out))
     return time.perf_counter() - started
 
@@ -144,6 +153,11 @@ def run_expert_iteration(
                              race=iteration.race)  # fmt: skip
     rows: list[dict[str, Any]] = []
     rounds: list[dict[str, Any]] = []
+    replay_rows = 0
+    if iteration.replay_data:
+        from datasets import load_from_disk
+
+        replay_rows = len(load_from_disk(iteration.replay_data))  # a missing or unreadable folder fails here, early
     current = iteration.start
     for r in range(iteration.rounds):
         folder = out / f"round-{r}"
@@ -173,9 +187,10 @@ def run_expert_iteration(
                                f"{iteration.margin}: lower it or label more states")  # fmt: skip
         args = copy.deepcopy(training_args)
         args.output_dir = str(folder)
-        training_seconds = fine_tune(current, rows, args, folder)
+        training_seconds = fine_tune(current, rows, args, folder, iteration.replay_data)
         info = {
             "round": r, "seeds": seeds, "states": len(labelled), "kept": len(kept), "clear": clear, "rows": len(rows),
+            "replay_rows": replay_rows,
             "labels": iteration.labels, "env_steps": sum(row["env_steps"] for row in labelled),
             "planner_seconds": planner_seconds, "training_seconds": training_seconds,
             "best_not_greedy": sum(row["best"] != row["greedy"] for row in labelled),
