@@ -26,7 +26,13 @@ from recruit_trl import __version__
 from recruit_trl.files import write_json_atomic
 from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
-from recruit_trl.tools.learning_check import LearningCheckError, make_plan, run_learning_check
+from recruit_trl.tools.expert_iteration_check import (
+    is_expert_iteration_recipe,
+    load_quietly,
+    make_expert_iteration_plan,
+    run_expert_iteration_check,
+)
+from recruit_trl.tools.learning_check import LearningCheckError, find_recipe, make_plan, run_learning_check
 from recruit_trl.workflow.evaluation.evaluate import BACKENDS, EvalConfig, evaluate
 from recruit_trl.workflow.evaluation.report import format_results, plot_results
 
@@ -326,11 +332,18 @@ def _add_learning_check(subparsers: argparse._SubParsersAction) -> None:
         "minus start, control minus start and credit minus control by seed with their t; write JSON (with the "
         "code's hash and commit) and a PNG of the training curves. Held-out seeds that training used are refused. "
         "A re-run reuses runs and evaluations made by the same code (a hash of the files that run), and moves the "
-        "rest aside (never deleting) to make them again. The recipe flags, the same for every run, follow '--'.",
+        "rest aside (never deleting) to make them again. The recipe flags, the same for every run, follow '--'. "
+        "An expert-iteration recipe (recipes/expert_iteration.py) runs in three arms instead, --labels planner "
+        "(the treatment), self and shuffled, from its --start; every round's model, the start and the planner on "
+        "the start's proposals are evaluated greedy (held-out seeds default 20-39), with each arm's share of the "
+        "start -> planner gap closed per round and a PNG of the score by round.",
         usage="recruit-trl learning-check RECIPE [--seeds 0-2] [--eval_seeds SEEDS] [--json FILE] "
-        "[--output_dir DIR] [--metric FIELD] [--greedy_only] -- RECIPE_FLAGS",
+        "[--output_dir DIR] [--metric FIELD] [--greedy_only] [--report_only] -- RECIPE_FLAGS",
     )
-    p.add_argument("recipe", help="an RL recipe: a file, or a name in recipes/ (grpo_clinical, grpo_conquest, ...)")
+    p.add_argument(
+        "recipe",
+        help="an RL recipe: a file, or a name in recipes/ (grpo_clinical, grpo_conquest, expert_iteration, ...)",
+    )
     p.add_argument("--seeds", default="0-2", help="training seeds, each trained in both arms (default 0-2)")
     p.add_argument(
         "--eval_seeds",
@@ -347,12 +360,27 @@ def _add_learning_check(subparsers: argparse._SubParsersAction) -> None:
         "--greedy_only", action="store_true",
         help="evaluate greedy only, not also sampled at the training temperature (half the evaluation's time)",
     )  # fmt: skip
+    p.add_argument(
+        "--report_only", action="store_true",
+        help="expert-iteration recipes: train nothing, report the finished runs in --output_dir whatever code made "
+        "them (each run's record of its code is in the JSON)",
+    )  # fmt: skip
     p.add_argument("--no_progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_learning_check, recipe_flags=[])
 
 
 def cmd_learning_check(args: argparse.Namespace) -> int:
     try:
+        path = find_recipe(args.recipe)
+        module = load_quietly(path)
+        if is_expert_iteration_recipe(module):
+            ei_plan = make_expert_iteration_plan(
+                path, module, args.recipe_flags, seeds=args.seeds, eval_seeds=args.eval_seeds,
+                output_dir=args.output_dir, json_path=args.json, metric=args.metric, report_only=args.report_only,
+            )  # fmt: skip
+            return run_expert_iteration_check(ei_plan, progress=not args.no_progress)
+        if args.report_only:
+            raise LearningCheckError("--report_only: for expert-iteration recipes only")
         plan = make_plan(
             args.recipe, args.recipe_flags, seeds=args.seeds, eval_seeds=args.eval_seeds,
             output_dir=args.output_dir, json_path=args.json, metric=args.metric, greedy_only=args.greedy_only,

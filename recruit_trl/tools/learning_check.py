@@ -292,13 +292,13 @@ def find_recipe(name: str) -> Path:
     raise LearningCheckError(f"unknown recipe {name!r}: give a recipe file or a name in recipes/ ({', '.join(known)})")
 
 
-def own_flags_in(flags: Sequence[str]) -> list[str]:
-    """The flags among ``flags`` that the check sets itself (``--seed``, ``--output-dir=...``, ...)."""
+def own_flags_in(flags: Sequence[str], own: Sequence[str] = OWN_FLAGS) -> list[str]:
+    """The flags among ``flags`` that the check sets itself, ``own`` (``--seed``, ``--output-dir=...``, ...)."""
     found = []
     for flag in flags:
         if flag.startswith("--"):
             name = flag[2:].split("=", 1)[0].replace("-", "_")
-            if name in OWN_FLAGS:
+            if name in own:
                 found.append(f"--{name}")
     return found
 
@@ -323,11 +323,25 @@ def parse_recipe_flags(recipe: ModuleType, flags: Sequence[str]) -> tuple[Any, A
             the flags (the parser's own error line; a config file that is not there).
     """
     name = Path(recipe.__file__).name
+    parsed = call_parse_args(recipe, flags)
+    if not (isinstance(parsed, tuple) and len(parsed) == 3 and isinstance(parsed[0], ScriptArguments)):
+        raise LearningCheckError(f"{name} is not an RL recipe of recruit_trl.workflow.pipeline (no ScriptArguments)")
+    return parsed
+
+
+def call_parse_args(recipe: ModuleType, flags: Sequence[str]) -> Any:
+    """The recipe's own ``parse_args(flags)``.
+
+    Raises:
+        LearningCheckError: the recipe refuses the flags (the parser's own error line; a config file that is not
+            there).
+    """
+    name = Path(recipe.__file__).name
     captured = io.StringIO()
     try:
         # argparse prints its usage over many lines before exiting: keep only its error line.
         with contextlib.redirect_stderr(captured):
-            parsed = recipe.parse_args(list(flags))
+            return recipe.parse_args(list(flags))
     except SystemExit:
         lines = [line for line in captured.getvalue().splitlines() if line.strip()]
         error = next((line for line in reversed(lines) if "error:" in line), lines[-1] if lines else "refused")
@@ -335,9 +349,6 @@ def parse_recipe_flags(recipe: ModuleType, flags: Sequence[str]) -> tuple[Any, A
         raise LearningCheckError(f"{name} refuses the recipe flags: {error}") from None
     except (ValueError, FileNotFoundError) as exc:
         raise LearningCheckError(f"{name} refuses the recipe flags: {' '.join(str(exc).split())}") from exc
-    if not (isinstance(parsed, tuple) and len(parsed) == 3 and isinstance(parsed[0], ScriptArguments)):
-        raise LearningCheckError(f"{name} is not an RL recipe of recruit_trl.workflow.pipeline (no ScriptArguments)")
-    return parsed
 
 
 def seed_list(spec: str, what: str) -> list[int]:
