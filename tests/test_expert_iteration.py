@@ -88,3 +88,27 @@ def test_the_replayed_data_joins_every_rounds_rows(tiny_model, tmp_path):
     assert info["replay_rows"] == len(traces) > 0 and is_trained(tmp_path / "out" / "round-0")
     state = json.loads((tmp_path / "out" / "round-0" / "trainer_state.json").read_text())
     assert state["global_step"] == -(-(len(traces) + info["rows"]) // 4)  # one epoch over both, batches of 4
+
+
+def test_a_lora_start_trains_its_adapter_and_saves_one(tiny_model, tmp_path):
+    """A LoRA warm start (an adapter folder) continues as the same adapter on its base: every round and the result
+    are adapters on that base, and the adapter's weights moved."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from recruit_trl.models.loading import ADAPTER_CONFIG, is_adapter
+
+    start = tmp_path / "adapter"
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), lora).save_pretrained(str(start))
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(str(start))
+    recipe = load_recipe("expert_iteration")
+    summary = recipe.main(*recipe.parse_args(flags(str(start), tmp_path / "out", "--rounds", "1")))
+    assert summary["rounds"][0]["rows"] > 0
+    for folder in (tmp_path / "out" / "round-0", tmp_path / "out"):
+        assert is_adapter(folder) and is_trained(folder)
+        assert json.loads((folder / ADAPTER_CONFIG).read_text())["base_model_name_or_path"] == tiny_model
+    before, after = (load_file(str(f / "adapter_model.safetensors")) for f in (start, tmp_path / "out"))
+    assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)

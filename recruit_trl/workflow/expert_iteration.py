@@ -114,11 +114,8 @@ def fine_tune(model_path: str, rows: Sequence[dict[str, Any]], args: Any, out: P
     from trl import SFTTrainer
 
     started = time.perf_counter()
-    if is_adapter(model_path):
-        base = read_json(Path(model_path) / ADAPTER_CONFIG)["base_model_name_or_path"]
-        model: Any = load_trainable(base, model_path, args.model_init_kwargs)
-    else:
-        model = model_path
+    # An adapter continues on its base; a whole model is loaded by the trainer (with the config's init kwargs).
+    model: Any = load_saved(model_path, args.model_init_kwargs) if is_adapter(model_path) else model_path
     columns = ["prompt", "completion"]
     data = to_conversational(rows).select_columns(columns)
     if replay:
@@ -201,8 +198,7 @@ def run_expert_iteration(
               f"planner {planner_seconds:.0f} s, training {training_seconds:.0f} s")  # fmt: skip
         rounds.append(info)
         current = str(folder)
-    final = load_trainable_or_path(current)
-    final.save_pretrained(str(out))
+    load_saved(current).save_pretrained(str(out))
     from transformers import AutoTokenizer
 
     AutoTokenizer.from_pretrained(current).save_pretrained(str(out))
@@ -211,9 +207,7 @@ def run_expert_iteration(
     return summary
 
 
-def load_trainable_or_path(folder: str) -> Any:
-    """The model saved in ``folder`` (its adapter on its base, or the whole model), to save elsewhere."""
-    if is_adapter(folder):
-        base = read_json(Path(folder) / ADAPTER_CONFIG)["base_model_name_or_path"]
-        return load_trainable(base, folder)
-    return load_trainable(folder, folder)
+def load_saved(folder: str, init_kwargs: dict | None = None) -> Any:
+    """The model saved in ``folder``, trainable: its LoRA adapter on the base its config names, or the whole model."""
+    base = read_json(Path(folder) / ADAPTER_CONFIG)["base_model_name_or_path"] if is_adapter(folder) else folder
+    return load_trainable(base, folder, init_kwargs)
