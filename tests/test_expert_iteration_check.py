@@ -41,7 +41,7 @@ def test_summary_by_hand():
     assert cell["gap_closed"]["shuffled"] == pytest.approx([0.25, -0.1])
     assert summary["mean"]["treatment_minus_self"]["mean"] == pytest.approx(0.11)  # one task: the mean is the task
     table = format_summary(summary, "final_score_mean")
-    assert "0.650 ± 0.010 (n 2)" in table and "t = 15.00" in table and "0.25 / 0.75" in table
+    assert "0.650 ± 0.010 (n 2)" in table and "t = 15.00 (df 1)" in table and "0.25 / 0.75" in table
 
 
 def test_summary_without_a_gap_or_a_second_seed():
@@ -51,7 +51,7 @@ def test_summary_without_a_gap_or_a_second_seed():
     assert cell["gap_closed"]["treatment"] == [None]  # the planner does not beat the start: no share
     assert cell["treatment_minus_start"]["n"] == 1 and cell["treatment_minus_start"]["t"] is None
     assert math.isclose(cell["treatment_minus_start"]["mean"], 0.1)
-    assert "(n 1: no t)" in format_summary(summary, "final_score_mean")
+    assert "(n 1: no SE, no t)" in format_summary(summary, "final_score_mean")
 
 
 def flags(start: str) -> list[str]:

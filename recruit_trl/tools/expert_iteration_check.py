@@ -54,6 +54,10 @@ from recruit_trl.tools.learning_check import (
     clear_if_stale,
     code_state,
     describe_code,
+    format_arm,
+    format_paired,
+    format_table,
+    format_value,
     load_recipe,
     mean_se,
     minus_start,
@@ -152,38 +156,18 @@ def format_summary(summary: Mapping[str, Mapping[str, Any]], metric: str) -> str
     training seed the treatment minus the start and minus each control (mean +- SE, t), and the treatment's share of
     the gap closed per round."""
 
-    def arm(c: Mapping[str, Any]) -> str:
-        if c["mean"] is None:
-            return "-"
-        return f"{c['mean']:.3f}" + (f" ± {c['se']:.3f}" if c["se"] is not None else "") + f" (n {c['n']})"
-
-    def paired(p: Mapping[str, Any]) -> str:
-        if p["n"] == 0:
-            return "-"
-        if p["n"] < 2:
-            return f"{p['mean']:+.3f} (n 1: no t)"
-        t = "no t (no spread)" if p["t"] is None else f"t = {p['t']:.2f}"
-        return f"{p['mean']:+.3f} ± {p['se']:.3f} {t}"
-
     def shares(values: Sequence[float | None]) -> str:
         return " / ".join("-" if v is None else f"{v:.2f}" for v in values)
-
-    def number(x: float | None) -> str:
-        return "-" if x is None else f"{x:.3f}"
 
     headers = ["task", "treatment", "self", "shuffled", "start", "planner", "treatment-start",
                "treatment-self", "treatment-shuffled", "gap closed by round"]  # fmt: skip
     rows = [
-        [task, arm(c["treatment"]), arm(c["self"]), arm(c["shuffled"]), number(c["start"]), number(c["planner"]),
-         paired(c["treatment_minus_start"]), paired(c["treatment_minus_self"]),
-         paired(c["treatment_minus_shuffled"]), shares(c["gap_closed"]["treatment"])]
+        [task, *(format_arm(c[arm]) for arm in ARMS), format_value(c["start"]), format_value(c["planner"]),
+         *(format_paired(c[f"treatment_minus_{other}"]) for other in ("start", *CONTROLS)),
+         shares(c["gap_closed"]["treatment"])]
         for task, c in summary.items()
     ]  # fmt: skip
-    widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows, strict=True)]
-    lines = [f"{metric}, greedy (differences by training seed):"]
-    for cells in [headers, ["-" * w for w in widths], *rows]:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
-    return "\n".join(lines)
+    return format_table(f"{metric}, greedy (differences by training seed):", headers, rows)
 
 
 # --------------------------------------------------------------------------------------------------

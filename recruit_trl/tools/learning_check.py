@@ -192,42 +192,52 @@ def summarize(
     return out
 
 
+def format_arm(cell: Mapping[str, Any]) -> str:
+    """An arm's ``{"n", "mean", "se"}`` as ``0.650 ± 0.010 (n 2)`` (``-`` without a value)."""
+    if cell["mean"] is None:
+        return "-"
+    se = f" ± {cell['se']:.3f}" if cell["se"] is not None else ""
+    return f"{cell['mean']:.3f}{se} (n {cell['n']})"
+
+
+def format_paired(p: Mapping[str, Any], none: str = "-") -> str:
+    """A :func:`paired_differences` as ``+0.110 ± 0.030  t = 3.67 (df 1)`` (``none`` without a pair)."""
+    if p["n"] == 0:
+        return none
+    if p["n"] < 2:
+        return f"{p['mean']:+.3f} (n 1: no SE, no t)"
+    t = "no t (no spread)" if p["t"] is None else f"t = {p['t']:.2f} (df {p['df']})"
+    return f"{p['mean']:+.3f} ± {p['se']:.3f}  {t}"
+
+
+def format_value(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def format_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """``title``, then the rows under their headers in left-aligned columns."""
+    widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows, strict=True)]
+    lines = [title]
+    for cells in [headers, ["-" * w for w in widths], *rows]:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
 def format_summary(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], metric: str) -> str:
     """The summary as plain-text tables, one per decoding: each arm's mean +- SE across training seeds, the start,
     then by training seed (mean +- SE, t on n-1 degrees of freedom) credit minus the start and credit minus control
     side by side, and control minus the start (how far the control itself moved)."""
-
-    def value(x: float | None) -> str:
-        return "-" if x is None else f"{x:.3f}"
-
-    def arm(cell: Mapping[str, Any]) -> str:
-        if cell["mean"] is None:
-            return "-"
-        se = f" ± {cell['se']:.3f}" if cell["se"] is not None else ""
-        return f"{cell['mean']:.3f}{se} (n {cell['n']})"
-
-    def paired(p: Mapping[str, Any], none: str) -> str:
-        if p["n"] == 0:
-            return none
-        if p["n"] < 2:
-            return f"{p['mean']:+.3f} (n 1: no SE, no t)"
-        t = "no t (no spread)" if p["t"] is None else f"t = {p['t']:.2f} (df {p['df']})"
-        return f"{p['mean']:+.3f} ± {p['se']:.3f}  {t}"
-
     headers = ["task", "credit", "control", "start", "credit-start (by seed)", "credit-control (by seed)",
                "control-start (by seed)"]  # fmt: skip
-    blocks = []
+    blocks, no_pair = [], "no seed with both arms"
     for decoding, cells in summary.items():
         rows = [
-            [task, arm(c["credit"]), arm(c["control"]), value(c["start"]), paired(c["credit_minus_start"], "-"),
-             paired(c["credit_minus_control"], "no seed with both arms"), paired(c["control_minus_start"], "-")]
+            [task, format_arm(c["credit"]), format_arm(c["control"]), format_value(c["start"]),
+             format_paired(c["credit_minus_start"]), format_paired(c["credit_minus_control"], no_pair),
+             format_paired(c["control_minus_start"])]
             for task, c in cells.items()
         ]  # fmt: skip
-        widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows, strict=True)]
-        lines = [f"{metric}, {decoding}:"]
-        for cells_of_row in [headers, ["-" * w for w in widths], *rows]:
-            lines.append("  ".join(c.ljust(w) for c, w in zip(cells_of_row, widths, strict=True)).rstrip())
-        blocks.append("\n".join(lines))
+        blocks.append(format_table(f"{metric}, {decoding}:", headers, rows))
     return "\n\n".join(blocks)
 
 
