@@ -28,11 +28,16 @@ from recruit_trl.protocol import get_env_interface
 from recruit_trl.ranges import parse_int_ranges
 from recruit_trl.tools.expert_iteration_check import (
     is_expert_iteration_recipe,
-    load_quietly,
     make_expert_iteration_plan,
     run_expert_iteration_check,
 )
-from recruit_trl.tools.learning_check import LearningCheckError, find_recipe, make_plan, run_learning_check
+from recruit_trl.tools.learning_check import (
+    LearningCheckError,
+    find_recipe,
+    load_recipe,
+    make_plan,
+    run_learning_check,
+)
 from recruit_trl.workflow.evaluation.evaluate import BACKENDS, EvalConfig, evaluate
 from recruit_trl.workflow.evaluation.report import format_results, plot_results
 
@@ -372,7 +377,7 @@ def _add_learning_check(subparsers: argparse._SubParsersAction) -> None:
 def cmd_learning_check(args: argparse.Namespace) -> int:
     try:
         path = find_recipe(args.recipe)
-        module = load_quietly(path)
+        module = load_recipe(path)
         if is_expert_iteration_recipe(module):
             ei_plan = make_expert_iteration_plan(
                 path, module, args.recipe_flags, seeds=args.seeds, eval_seeds=args.eval_seeds,
@@ -384,6 +389,7 @@ def cmd_learning_check(args: argparse.Namespace) -> int:
         plan = make_plan(
             args.recipe, args.recipe_flags, seeds=args.seeds, eval_seeds=args.eval_seeds,
             output_dir=args.output_dir, json_path=args.json, metric=args.metric, greedy_only=args.greedy_only,
+            module=module,
         )  # fmt: skip
     except LearningCheckError as exc:
         print(f"recruit-trl learning-check: error: {exc}", file=sys.stderr)

@@ -29,8 +29,6 @@ from the same start, and differ only in the labels (``--labels``):
 
 from __future__ import annotations
 
-import contextlib
-import io
 import shlex
 import sys
 import time
@@ -58,7 +56,7 @@ from recruit_trl.tools.learning_check import (
     format_paired,
     format_table,
     format_value,
-    load_recipe,
+    mean_over_tasks,
     mean_se,
     minus_start,
     own_flags_in,
@@ -124,9 +122,7 @@ def summarize(
     start, planner = dict(start), dict(planner)
     for arm in ARMS:
         for k in range(rounds):
-            per_task = [values.get((task, arm, k), {}) for task in tasks]
-            seeds = set.intersection(*(set(v) for v in per_task)) if per_task else set()
-            values[("mean", arm, k)] = {s: sum(v[s] for v in per_task) / len(per_task) for s in sorted(seeds)}
+            values[("mean", arm, k)] = mean_over_tasks([values.get((task, arm, k), {}) for task in tasks])
     for scores in (start, planner):
         if tasks and all(scores.get(task) is not None for task in tasks):
             scores["mean"] = sum(scores[task] for task in tasks) / len(tasks)
@@ -254,12 +250,6 @@ def make_expert_iteration_plan(
         json_path=Path(json_path).resolve() if json_path else out / CHECK_JSON, start=str(iteration.start),
         rounds=iteration.rounds, tasks=list(config.tasks), eval_config=config, metric=metric, report_only=report_only,
     )  # fmt: skip
-
-
-def load_quietly(path: Path) -> ModuleType:
-    """:func:`~recruit_trl.tools.learning_check.load_recipe` without what TRL prints when it is imported."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        return load_recipe(path)
 
 
 # --------------------------------------------------------------------------------------------------

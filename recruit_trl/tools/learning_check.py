@@ -145,6 +145,12 @@ def minus_start(values: Mapping[int, float], start: float | None) -> dict[str, A
     return paired_differences(values, {} if start is None else dict.fromkeys(values, start))
 
 
+def mean_over_tasks(per_task: Sequence[Mapping[int, float]]) -> dict[int, float]:
+    """``{seed: value}`` of each task -> ``{seed: mean over the tasks}``, for the seeds that have every task."""
+    seeds = set.intersection(*(set(v) for v in per_task)) if per_task else set()
+    return {k: sum(v[k] for v in per_task) / len(per_task) for k in sorted(seeds)}
+
+
 def summarize(
     rows: Sequence[Mapping[str, Any]], start_rows: Sequence[Mapping[str, Any]], tasks: Sequence[str]
 ) -> dict[str, dict[str, dict[str, Any]]]:
@@ -170,10 +176,8 @@ def summarize(
             if r["decoding"] == decoding and r["value"] is not None:
                 values.setdefault((r["task"], r["arm"]), {})[r["seed"]] = r["value"]
         start = {r["task"]: r["value"] for r in start_rows if r["decoding"] == decoding and r["value"] is not None}
-        for arm in ARMS:  # the mean over tasks, per seed that has every task
-            per_task = [values.get((task, arm), {}) for task in tasks]
-            seeds = set.intersection(*(set(v) for v in per_task)) if per_task else set()
-            values[("mean", arm)] = {k: sum(v[k] for v in per_task) / len(per_task) for k in sorted(seeds)}
+        for arm in ARMS:
+            values[("mean", arm)] = mean_over_tasks([values.get((task, arm), {}) for task in tasks])
         if tasks and all(task in start for task in tasks):
             start["mean"] = sum(start[task] for task in tasks) / len(tasks)
         cells = {}
@@ -314,12 +318,14 @@ def own_flags_in(flags: Sequence[str], own: Sequence[str] = OWN_FLAGS) -> list[s
 
 
 def load_recipe(path: Path) -> ModuleType:
-    """The recipe file as a module (registered in ``sys.modules``: its dataclasses look their module up)."""
+    """The recipe file as a module (registered in ``sys.modules``: its dataclasses look their module up), without
+    what TRL and bitsandbytes print when they are imported."""
     name = f"recruit_trl_recipe_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    with contextlib.redirect_stdout(io.StringIO()):
+        spec.loader.exec_module(module)
     if not callable(getattr(module, "parse_args", None)):
         raise LearningCheckError(f"{path} has no parse_args(argv): not a recipe")
     return module
@@ -381,6 +387,7 @@ def make_plan(
     json_path: str | None = None,
     metric: str | None = None,
     greedy_only: bool = False,
+    module: ModuleType | None = None,
 ) -> Plan:
     """Check everything a learning check needs and decide what it runs; nothing is written.
 
@@ -396,6 +403,7 @@ def make_plan(
         metric: a result row's field to compare (default: ``win_rate`` when the rows carry it, else
             ``final_score_mean``).
         greedy_only: evaluate greedy only, not also sampled at the training temperature.
+        module: the recipe's module when the caller loaded it (:func:`load_recipe`).
 
     Raises:
         LearningCheckError: with a one-line message.
@@ -409,8 +417,7 @@ def make_plan(
             "from the recipe flags (--seeds, --eval_seeds, --output_dir of learning-check)"
         )
     out = Path(output_dir or Path("outputs", "learning_check", path.stem)).resolve()
-    with contextlib.redirect_stdout(io.StringIO()):  # what TRL and bitsandbytes print when they are imported
-        module = load_recipe(path)
+    module = module or load_recipe(path)
     given = parse_recipe_flags(module, flags)[0]  # an RL recipe that takes the flags as given (its report config too)
     # Parsed again with the check's own flags, as a run will be, so that every flag is checked now (the start's flags
     # name fields every RL recipe has).
